@@ -1,0 +1,51 @@
+"""One small error hierarchy. The CLI turns every EngineError into one clean line."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class JournalError(EngineError):
+    """The journal cannot be opened, read or written."""
+
+
+class NotAJournal(JournalError):
+    """The file exists but is not a Causal Agent Replay journal."""
+
+
+class SchemaTooNew(JournalError):
+    """The journal was written by a newer schema than this engine knows."""
+
+
+class UnknownRun(JournalError):
+    """No run with this id (or id prefix) exists in the journal."""
+
+
+class ConcurrencyError(JournalError):
+    """Another writer appended at the same (run_id, seq) first."""
+
+
+class AppendOnlyViolation(JournalError):
+    """The database refused an UPDATE or DELETE of journal history."""
+
+
+class TamperedJournal(JournalError):
+    """A hash in the chain does not match the event it covers."""
+
+
+class ReplayDivergence(EngineError):
+    """A rebuilt state or action differs from what was recorded."""
+
+
+class ConfigError(EngineError):
+    """A configuration or model file is malformed."""
+
+
+class PolicyError(EngineError):
+    """A policy (e.g. an LLM server) failed to produce an action."""
+
+
+class InterventionError(EngineError):
+    """An intervention does not fit the run or step it targets."""

@@ -1,0 +1,1 @@
+"""Policies map the acting agent's view of s_k and a seed to an action."""
