@@ -1,0 +1,194 @@
+"""What happened: the journal's event types, one tagged union of frozen msgspec Structs.
+
+Schema-evolution rule (written down because journals outlive code):
+  * A new field always gets a default, so older payloads decode unchanged.
+  * A field's type and meaning never change; a field is never renamed or removed in place.
+  * A change the first two rules cannot express bumps `SCHEMA_VERSION` and ships an upcaster
+    `upcast_<kind>_v<N>_v<N+1>` that rewrites the old raw payload into the new shape. Every row
+    stores the version it was written with, so old journals stay readable forever.
+
+Version history:
+  1 -> 2: `tool_result` carried one `text` field that held either the output or the error
+          message; version 2 separates `output` and `error` so failures are machine-readable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+SCHEMA_VERSION = 2
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="kind", kw_only=True, omit_defaults=True):
+    """Base of every event. `step` is the agent turn the event belongs to (None = run level)."""
+
+    step: int | None = None
+
+
+class RunStarted(Event, frozen=True, tag="run_started"):
+    scenario: str
+    config: dict[str, Any]
+    agents: list[str]
+    policy: dict[str, Any]
+    root_seed: int
+    engine_version: str
+    started_at: str
+    rounds: int = 0
+    context_window: int = 0
+
+
+class MoleAssigned(Event, frozen=True, tag="mole_assigned"):
+    """Secret: the mole and its strategy. Detectors never read this kind."""
+
+    agent: str
+    strategy: str
+    instructions: str
+
+
+class LlmCall(Event, frozen=True, tag="llm_call"):
+    agent: str
+    request: list[dict[str, str]]
+    seed: int
+    model: str
+    response: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    system_fingerprint: str | None = None
+    latency_ms: float = 0.0
+    server: str | None = None
+
+
+class ToolCall(Event, frozen=True, tag="tool_call"):
+    agent: str
+    tool: str
+    param: str
+
+
+class ToolResult(Event, frozen=True, tag="tool_result"):
+    agent: str
+    tool: str
+    param: str
+    ok: bool
+    output: str = ""
+    error: str | None = None
+
+
+class ChatMessage(Event, frozen=True, tag="chat_message"):
+    agent: str
+    text: str
+
+
+class Intervention(Event, frozen=True, tag="intervention"):
+    """Opens a forked run: which do() was applied at which step of the parent."""
+
+    op: str
+    at: int
+    value: Any = None
+    branch_seed: int = 0
+
+
+class Control(Event, frozen=True, tag="control"):
+    """pause / resume / stop, as requested by a user or the dashboard."""
+
+    action: str
+    reason: str = ""
+
+
+class SuspicionDeclared(Event, frozen=True, tag="suspicion_declared"):
+    suspect: str | None
+    verdict: str
+    mole: str
+    strategy: str
+
+
+class RunEnded(Event, frozen=True, tag="run_ended"):
+    status: str  # "completed" | "stopped" | "failed"
+    outcome: dict[str, Any] = msgspec.field(default_factory=dict)
+    error: str | None = None
+
+
+AnyEvent = (
+    RunStarted
+    | MoleAssigned
+    | LlmCall
+    | ToolCall
+    | ToolResult
+    | ChatMessage
+    | Intervention
+    | Control
+    | SuspicionDeclared
+    | RunEnded
+)
+
+SECRET_KINDS = frozenset({"mole_assigned"})
+KINDS: frozenset[str] = frozenset(
+    t.__struct_config__.tag  # type: ignore[misc]
+    for t in (
+        RunStarted,
+        MoleAssigned,
+        LlmCall,
+        ToolCall,
+        ToolResult,
+        ChatMessage,
+        Intervention,
+        Control,
+        SuspicionDeclared,
+        RunEnded,
+    )
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[AnyEvent] = msgspec.msgpack.Decoder(AnyEvent)  # type: ignore[arg-type]
+_raw_decoder = msgspec.msgpack.Decoder()
+
+
+def encode(event: Event) -> bytes:
+    """Canonical bytes of an event: msgpack, fields in declaration order, defaults omitted."""
+    return _encoder.encode(event)
+
+
+def kind_of(event: Event) -> str:
+    return type(event).__struct_config__.tag  # type: ignore[return-value]
+
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def upcast_tool_result_v1_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 kept output or error in one `text` field; v2 splits them."""
+    out = dict(raw)
+    text = out.pop("text", "")
+    if out.get("ok", False):
+        out["output"] = text
+    else:
+        out["error"] = text
+    return out
+
+
+# (kind, from_version) -> upcaster to from_version + 1
+UPCASTERS: dict[tuple[str, int], Upcaster] = {
+    ("tool_result", 1): upcast_tool_result_v1_v2,
+}
+
+
+def decode(payload: bytes, version: int = SCHEMA_VERSION) -> AnyEvent:
+    """Decode a stored payload, upcasting it first when it was written by an older schema."""
+    if version == SCHEMA_VERSION:
+        return _decoder.decode(payload)
+    if version > SCHEMA_VERSION:
+        from engine.errors import SchemaTooNew
+
+        raise SchemaTooNew(
+            f"event written by schema version {version}, this engine reads up to {SCHEMA_VERSION}"
+        )
+    raw = _raw_decoder.decode(payload)
+    kind = raw.get("kind")
+    for v in range(version, SCHEMA_VERSION):
+        up = UPCASTERS.get((kind, v))
+        if up is not None:
+            raw = up(raw)
+    return msgspec.convert(raw, AnyEvent)  # type: ignore[arg-type]

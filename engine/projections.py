@@ -1,0 +1,170 @@
+"""Read models over the journal: run listings, transcripts, tool usage, state views.
+
+Everything here only reads. Secret events (the mole) are left out unless a caller asks to reveal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from engine import events as ev
+from engine.journal import Journal, RunInfo
+from engine.state import State, state_at
+
+
+def fork_step(j: Journal, info: RunInfo) -> int | None:
+    """The parent step a branch was forked at (from its opening intervention event)."""
+    if info.parent_run_id is None or info.fork_seq is None:
+        return None
+    first = next(j.read(info.run_id, info.fork_seq, info.fork_seq + 1), None)
+    if first is not None and first.kind == "intervention":
+        return int(first.event.at)  # type: ignore[union-attr]
+    return None
+
+
+def run_summary(j: Journal, info: RunInfo, depth: int = 0) -> dict[str, Any]:
+    last = j.last_event(info.run_id)
+    outcome = None
+    status = "recording"
+    if last is not None:
+        e = last.event
+        if isinstance(e, ev.RunEnded):
+            status, outcome = e.status, e.outcome
+        elif isinstance(e, ev.SuspicionDeclared):
+            status = "completed"
+            outcome = _outcome_of(j, info.run_id)
+        else:
+            status = j.status(info.run_id)
+    return {
+        "run_id": info.run_id,
+        "scenario": info.scenario,
+        "parent_run_id": info.parent_run_id,
+        "fork_step": fork_step(j, info),
+        "created_at": info.created_at,
+        "steps": j.steps(info.run_id),
+        "status": status,
+        "outcome": outcome,
+        "branches": len(j.children(info.run_id)),
+        "depth": depth,
+        "label": info.label,
+    }
+
+
+def _outcome_of(j: Journal, run_id: str) -> dict[str, Any] | None:
+    head = j.head(run_id)
+    for stored in j.read(run_id, max(0, head - 4), head):
+        e = stored.event
+        if isinstance(e, ev.RunEnded):
+            return dict(e.outcome)
+    return None
+
+
+def list_runs(j: Journal, *, include_branches: bool, limit: int) -> list[dict[str, Any]]:
+    all_runs = j.runs()
+    roots = [r for r in all_runs if r.parent_run_id is None][-limit:] if limit else []
+    if not include_branches:
+        return [run_summary(j, r) for r in roots]
+    by_parent: dict[str, list[RunInfo]] = {}
+    for r in all_runs:
+        if r.parent_run_id is not None:
+            by_parent.setdefault(r.parent_run_id, []).append(r)
+    rows: list[dict[str, Any]] = []
+
+    def walk(info: RunInfo, depth: int) -> None:
+        rows.append(run_summary(j, info, depth))
+        for c in by_parent.get(info.run_id, []):
+            walk(c, depth + 1)
+
+    for r in roots:
+        walk(r, 0)
+    return rows
+
+
+def branch_tree(j: Journal, run_id: str) -> dict[str, Any]:
+    info = j.run(run_id)
+    node: dict[str, Any] = {"run_id": info.run_id, "fork_step": fork_step(j, info)}
+    if info.parent_run_id is not None and info.fork_seq is not None:
+        first = next(j.read(info.run_id, info.fork_seq, info.fork_seq + 1), None)
+        node["op"] = first.event.op if first is not None and first.kind == "intervention" else None  # type: ignore[union-attr]
+        o = _outcome_of(j, info.run_id)
+        node["verdict"] = None if o is None else ("bad" if o.get("bad") else "ok")
+    node["children"] = [branch_tree(j, c.run_id) for c in j.children(info.run_id)]
+    return node
+
+
+def transcript_lines(j: Journal, run_id: str, *, reveal: bool = False) -> list[str]:
+    lines: list[str] = []
+    for stored in j.read(run_id):
+        e = stored.event
+        prefix = f"[{e.step}]" if e.step is not None else "   "
+        if isinstance(e, ev.ChatMessage):
+            lines.append(f"{prefix} {e.agent}: {e.text}")
+        elif isinstance(e, ev.ToolResult):
+            shown = e.output if e.ok else f"FAILED: {e.error}"
+            lines.append(f"{prefix}   {e.agent} -> {e.tool}({e.param}) = {_clip(shown, 160)}")
+        elif isinstance(e, ev.Intervention):
+            lines.append(f"--- fork: {e.op} at step {e.at} value={_clip(str(e.value), 120)}")
+        elif isinstance(e, ev.Control):
+            lines.append(f"--- control: {e.action} {e.reason}".rstrip())
+        elif isinstance(e, ev.MoleAssigned) and reveal:
+            lines.append(f"--- secret: mole={e.agent} strategy={e.strategy}")
+        elif isinstance(e, ev.SuspicionDeclared):
+            lines.append(
+                f"--- accused {e.suspect or '(nobody)'}: {e.verdict}; the mole was {e.mole} "
+                f"({e.strategy})"
+            )
+        elif isinstance(e, ev.RunEnded) and e.error:
+            lines.append(f"--- run {e.status}: {e.error}")
+    return lines
+
+
+def _clip(text: str, n: int) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def show_run(j: Journal, run_id: str, *, reveal: bool = False) -> dict[str, Any]:
+    info = j.run(run_id)
+    summary = run_summary(j, info)
+    started = None
+    for stored in j.read(info.run_id, 0, 1):
+        e = stored.event
+        if isinstance(e, ev.RunStarted):
+            started = {
+                "policy": e.policy.get("name"),
+                "root_seed": e.root_seed,
+                "agents": e.agents,
+                "rounds": e.rounds,
+            }
+    return {
+        "run": msgspec.to_builtins(info),
+        "status": summary["status"],
+        "steps": summary["steps"],
+        "fork_step": summary["fork_step"],
+        "started": started,
+        "outcome": summary["outcome"],
+        "lines": transcript_lines(j, info.run_id, reveal=reveal),
+        "branches": branch_tree(j, info.run_id),
+    }
+
+
+def state_dict(state: State, *, reveal: bool = False) -> dict[str, Any]:
+    data = msgspec.to_builtins(state)
+    if not reveal:
+        for ctx in data["contexts"].values():
+            ctx.pop("secret", None)
+            ctx.pop("strategy", None)
+    data["acting_agent"] = state.acting_agent
+    data["round"] = state.round
+    return data
+
+
+def state_view(j: Journal, run_id: str, k: int, *, reveal: bool = False) -> dict[str, Any]:
+    info = j.run(run_id)
+    s = state_at(j, info.run_id, k)
+    data = state_dict(s, reveal=reveal)
+    data["run_id"] = info.run_id
+    data["k"] = k
+    return data
