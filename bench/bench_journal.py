@@ -1,0 +1,611 @@
+#!/usr/bin/env python
+"""Journal benchmark: append throughput, s_k reconstruction, bytes on disk, fork cost.
+
+    .venv/bin/python bench/bench_journal.py                 # table, 100,000-event run
+    .venv/bin/python bench/bench_journal.py --events 20000  # smaller run
+    .venv/bin/python bench/bench_journal.py --json          # the numbers as JSON on stdout
+
+Workload: a run of steps of 3 events (LlmCall, ToolResult, ChatMessage), each carrying a ~1 KB
+JSON string, after one RunStarted. Everything is written to SQLite files in a temporary
+directory that is removed at the end.
+
+1. append  events/s through `Journal.append` (one call, one transaction per step, hash chain
+           included) into a fresh file, against the floor: plain `sqlite3` inserting the same
+           rows (same schema, WAL, synchronous=NORMAL, one transaction per step, pre-encoded
+           payloads and precomputed hashes). Repeated, alternating; the best run of each is kept.
+2. s_k     ms for `state_at_seq` at seq 10, N/2 and N-10 of an N-event run once its snapshots
+           are built (`build_snapshots`, timed separately), beside the plain fold from event 0.
+           Medians of several repetitions.
+3. size    bytes on disk per event after a WAL checkpoint, minus an empty journal, against the
+           average encoded payload; measured before and after the snapshots are written.
+4. fork    ms for `Journal.fork` at seq 10 and seq N-10 (medians of many, interleaved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+try:
+    from engine import events as ev
+except ModuleNotFoundError:  # run from a checkout without the package installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from engine import events as ev
+from engine import state as st
+from engine.journal import Journal, chain_hash
+
+AGENTS = ["alice", "bob", "carol", "dave"]
+PAYLOAD_TARGET = 1024  # encoded bytes per step event, approximately
+EVENTS_PER_STEP = 3
+
+TARGET_APPEND_RATIO = 0.6
+TARGET_STATE_MS = 5.0
+TARGET_SIZE_RATIO = 1.5
+TARGET_FORK_SPREAD = 2.0
+
+_WORDS = ("vault", "guard", "camera", "badge", "keypad", "lobby", "alarm", "shift", "drill", "roof")
+
+
+# ------------------------------------------------------------------ workload
+
+
+class Blobs:
+    """~1 KB JSON documents, each different, built from a pool of pre-rendered items."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.items = [
+            json.dumps(
+                {
+                    "id": rng.randrange(1 << 30),
+                    "word": rng.choice(_WORDS),
+                    "note": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 8))),
+                    "score": round(rng.random(), 4),
+                },
+                separators=(",", ":"),
+            )
+            for _ in range(512)
+        ]
+
+    def make(self, size: int, tag: int) -> str:
+        """A JSON object of exactly `size` characters (at least ~40)."""
+        head = f'{{"n":{tag},"items":['
+        parts: list[str] = []
+        used = len(head) + len('],"pad":""}')
+        while True:
+            item = self.items[self.rng.randrange(len(self.items))]
+            if used + len(item) + 1 > size:
+                break
+            parts.append(item)
+            used += len(item) + 1
+        pad = "x" * max(0, size - used + (1 if parts else 0))
+        return head + ",".join(parts) + f'],"pad":"{pad}"}}'
+
+
+def _fit(make: Callable[[str], ev.Event], blobs: Blobs, tag: int) -> ev.Event:
+    """An event whose encoded payload is about PAYLOAD_TARGET bytes."""
+    overhead = len(ev.encode(make(""))) + 2  # the msgpack str header grows past 255 bytes
+    return make(blobs.make(max(48, PAYLOAD_TARGET - overhead), tag))
+
+
+def run_started() -> ev.RunStarted:
+    return ev.RunStarted(
+        scenario="bench",
+        config={"rounds": 0},
+        agents=list(AGENTS),
+        policy={"kind": "bench"},
+        root_seed=7,
+        engine_version="bench",
+        started_at="2026-01-01T00:00:00+00:00",
+    )
+
+
+def step_events(step: int, rng: random.Random, blobs: Blobs) -> list[ev.Event]:
+    agent = AGENTS[step % len(AGENTS)]
+    return [
+        _fit(
+            lambda blob: ev.LlmCall(
+                step=step,
+                agent=agent,
+                request=[{"role": "user", "content": f"turn {step}"}],
+                seed=rng.randrange(1 << 31),
+                model="bench-model",
+                response=blob,
+                finish_reason="stop",
+                prompt_tokens=512,
+                completion_tokens=256,
+            ),
+            blobs,
+            3 * step,
+        ),
+        _fit(
+            lambda blob: ev.ToolResult(
+                step=step, agent=agent, tool="search", param=f"q{step}", ok=True, output=blob
+            ),
+            blobs,
+            3 * step + 1,
+        ),
+        _fit(lambda blob: ev.ChatMessage(step=step, agent=agent, text=blob), blobs, 3 * step + 2),
+    ]
+
+
+def make_steps(n_steps: int, seed: int = 1) -> list[list[ev.Event]]:
+    rng = random.Random(seed)
+    blobs = Blobs(rng)
+    return [step_events(i, rng, blobs) for i in range(n_steps)]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def _median_time(fn: Callable[[], Any], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _file_bytes(path: Path) -> int:
+    return sum(
+        Path(str(path) + suffix).stat().st_size
+        for suffix in ("", "-wal", "-shm")
+        if Path(str(path) + suffix).exists()
+    )
+
+
+def _settle() -> None:
+    """Flush dirty pages of earlier runs so their write-back does not land in a timed run."""
+    if hasattr(os, "sync"):
+        os.sync()
+
+
+def _remove_db(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+
+
+def _say(quiet: bool, msg: str) -> None:
+    if not quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ 1. append
+
+FLOOR_DDL = [
+    "CREATE TABLE runs (run_id VARCHAR(64) NOT NULL PRIMARY KEY, parent_run_id VARCHAR(64)"
+    " REFERENCES runs (run_id), fork_seq INTEGER, root_run_id VARCHAR(64) NOT NULL,"
+    " scenario VARCHAR(64) NOT NULL, created_at VARCHAR(40) NOT NULL,"
+    " label VARCHAR(200) NOT NULL)",
+    "CREATE TABLE events (run_id VARCHAR(64) NOT NULL REFERENCES runs (run_id),"
+    " seq INTEGER NOT NULL, step INTEGER, kind VARCHAR(32) NOT NULL, version INTEGER NOT NULL,"
+    " payload BLOB NOT NULL, hash VARCHAR(80) NOT NULL, PRIMARY KEY (run_id, seq))",
+    "CREATE INDEX ix_events_run_step ON events (run_id, step)",
+]
+
+
+def precompute_rows(
+    run_id: str, steps: Sequence[Sequence[ev.Event]], first_seq: int, prev: str
+) -> list[list[tuple[Any, ...]]]:
+    """The exact rows the journal writes, per step (payload bytes and hash chain included)."""
+    out = []
+    seq = first_seq
+    for events in steps:
+        rows = []
+        for e in events:
+            payload = ev.encode(e)
+            kind = ev.kind_of(e)
+            h = chain_hash(prev, seq, kind, ev.SCHEMA_VERSION, payload)
+            rows.append((run_id, seq, e.step, kind, ev.SCHEMA_VERSION, payload, h))
+            prev = h
+            seq += 1
+        out.append(rows)
+    return out
+
+
+def bench_journal_append(path: Path, steps: Sequence[Sequence[ev.Event]]) -> float:
+    """events/s of Journal.append, one call per step, into a fresh journal file."""
+    with Journal(path) as j:
+        run = j.create_run("bench")
+        head = j.append(run, [run_started()], expected_seq=0)
+        n = 0
+        t0 = time.perf_counter()
+        for events in steps:
+            head = j.append(run, events, expected_seq=head)
+            n += len(events)
+        dt = time.perf_counter() - t0
+    return n / dt
+
+
+def bench_floor_append(path: Path, steps: Sequence[Sequence[ev.Event]]) -> float:
+    """events/s of plain sqlite3 inserting the same rows, one transaction per step."""
+    run = "f00d00000001"
+    first = ev.encode(run_started())
+    h0 = chain_hash("", 0, "run_started", ev.SCHEMA_VERSION, first)
+    rows = precompute_rows(run, steps, 1, h0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        for ddl in FLOOR_DDL:
+            conn.execute(ddl)
+        conn.execute(
+            "INSERT INTO runs VALUES (?, NULL, NULL, ?, 'bench', '2026-01-01', '')", (run, run)
+        )
+        conn.execute(
+            "INSERT INTO events VALUES (?, 0, NULL, 'run_started', ?, ?, ?)",
+            (run, ev.SCHEMA_VERSION, first, h0),
+        )
+        sql = (
+            "INSERT INTO events (run_id, seq, step, kind, version, payload, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        cur = conn.cursor()
+        n = 0
+        t0 = time.perf_counter()
+        for step_rows in rows:
+            cur.execute("BEGIN IMMEDIATE")
+            cur.executemany(sql, step_rows)
+            cur.execute("COMMIT")
+            n += len(step_rows)
+        dt = time.perf_counter() - t0
+    finally:
+        conn.close()
+    return n / dt
+
+
+def section_append(work: Path, n_steps: int, reps: int, quiet: bool) -> dict[str, Any]:
+    steps = make_steps(n_steps, seed=2)
+    journal_rates: list[float] = []
+    floor_rates: list[float] = []
+    for i in range(reps):
+        order = ("journal", "floor") if i % 2 == 0 else ("floor", "journal")
+        for which in order:
+            path = work / f"append-{which}-{i}.db"
+            _settle()
+            if which == "journal":
+                journal_rates.append(bench_journal_append(path, steps))
+            else:
+                floor_rates.append(bench_floor_append(path, steps))
+            _remove_db(path)
+            _say(quiet, f"  append rep {i + 1} {which}: done")
+    best_j, best_f = max(journal_rates), max(floor_rates)
+    return {
+        "steps": n_steps,
+        "events": n_steps * EVENTS_PER_STEP,
+        "reps": reps,
+        "statistic": "best",
+        "journal_events_per_s": best_j,
+        "floor_events_per_s": best_f,
+        "journal_runs": journal_rates,
+        "floor_runs": floor_rates,
+        "ratio": best_j / best_f,
+        "ratio_of_medians": statistics.median(journal_rates) / statistics.median(floor_rates),
+        "target_ratio": TARGET_APPEND_RATIO,
+        "pass": best_j / best_f >= TARGET_APPEND_RATIO,
+    }
+
+
+# ------------------------------------------------ 2-4. one run of N events
+
+
+def build_big_run(j: Journal, n_events: int, quiet: bool) -> tuple[str, float, float, int]:
+    """One run of exactly n_events (RunStarted + steps of 3), appended one step per call.
+
+    Returns the run id, the average encoded payload, the append time and the head."""
+    n_steps = -(-(n_events - 1) // EVENTS_PER_STEP)
+    steps = make_steps(n_steps, seed=3)
+    steps[-1] = steps[-1][: n_events - 1 - EVENTS_PER_STEP * (n_steps - 1)]
+    payload_bytes = len(ev.encode(run_started())) + sum(
+        len(ev.encode(e)) for events in steps for e in events
+    )
+    run = j.create_run("bench")
+    head = j.append(run, [run_started()], expected_seq=0)
+    t0 = time.perf_counter()
+    for i, events in enumerate(steps, 1):
+        head = j.append(run, events, expected_seq=head)
+        if i % 10000 == 0:
+            _say(quiet, f"  appended {head:,} events")
+    dt = time.perf_counter() - t0
+    return run, payload_bytes / head, dt, head
+
+
+def section_run(work: Path, n_events: int, quiet: bool) -> dict[str, Any]:
+    if n_events < 40:
+        raise SystemExit("--events must be at least 40")
+    out: dict[str, Any] = {"events": n_events}
+
+    empty_path = work / "empty.db"
+    with Journal(empty_path) as j:
+        j.checkpoint()
+    empty = _file_bytes(empty_path)
+
+    path = work / "big.db"
+    j = Journal(path)
+    try:
+        _say(quiet, f"  appending {n_events:,} events through Journal.append ...")
+        run, avg_payload, append_s, head = build_big_run(j, n_events, quiet)
+        if head != n_events:
+            raise SystemExit(f"appended {head} events, expected {n_events}")
+        out["build_append_s"] = append_s
+        out["build_events_per_s"] = (n_events - 1) / append_s
+
+        # 3. size, events only
+        j.checkpoint()
+        size_events = _file_bytes(path)
+        per_event = (size_events - empty) / n_events
+        out["size"] = {
+            "empty_journal_bytes": empty,
+            "file_bytes_events_only": size_events,
+            "avg_payload_bytes": avg_payload,
+            "bytes_per_event": per_event,
+            "ratio": per_event / avg_payload,
+            "target_ratio": TARGET_SIZE_RATIO,
+            "pass": per_event / avg_payload <= TARGET_SIZE_RATIO,
+        }
+
+        # 2. snapshots, then s_k
+        _say(quiet, "  building snapshots ...")
+        t0 = time.perf_counter()
+        st.build_snapshots(j, run)
+        out["build_snapshots_s"] = time.perf_counter() - t0
+        peek = sqlite3.connect(path)  # a second, read-only look at the snapshot cache
+        try:
+            n_snap, snap_bytes = peek.execute(
+                "SELECT count(*), coalesce(sum(length(state)), 0) FROM snapshots WHERE run_id = ?",
+                (run,),
+            ).fetchone()
+        finally:
+            peek.close()
+        j.checkpoint()
+        size_all = _file_bytes(path)
+        per_event_all = (size_all - empty) / n_events
+        out["size"].update(
+            {
+                "snapshots": int(n_snap),
+                "snapshot_avg_bytes": (snap_bytes / n_snap) if n_snap else 0.0,
+                "file_bytes_with_snapshots": size_all,
+                "bytes_per_event_with_snapshots": per_event_all,
+                "ratio_with_snapshots": per_event_all / avg_payload,
+                "pass_with_snapshots": per_event_all / avg_payload <= TARGET_SIZE_RATIO,
+            }
+        )
+
+        every = st.SNAPSHOT_EVERY
+        # the asked-for points, plus the worst case: the most events past the last snapshot
+        worst = (n_events - 10) // every * every - 1
+        seqs = [10, n_events // 2, n_events - 10, *([worst] if worst > every else [])]
+        recon = []
+        for seq in seqs:
+            _say(quiet, f"  reconstructing s at seq {seq:,} ...")
+            snap_state = st.state_at_seq(j, run, seq)
+            plain_state = st.fold(e.event for e in j.read(run, 0, seq))
+            if st.encode_state(snap_state) != st.encode_state(plain_state):
+                raise SystemExit(f"state_at_seq({seq}) disagrees with the plain fold")
+            snap_t = _median_time(lambda seq=seq: st.state_at_seq(j, run, seq), 21)
+            plain_reps = 21 if seq <= 1000 else 3
+            plain_t = _median_time(
+                lambda seq=seq: st.fold(e.event for e in j.read(run, 0, seq)), plain_reps
+            )
+            recon.append(
+                {
+                    "seq": seq,
+                    "folded_past_snapshot": seq if seq < every else seq % every,
+                    "snapshot_ms": _ms(snap_t),
+                    "plain_fold_ms": _ms(plain_t),
+                    "plain_reps": plain_reps,
+                    "pass": _ms(snap_t) <= TARGET_STATE_MS,
+                }
+            )
+        snap_ms = [r["snapshot_ms"] for r in recon[:3]]
+        out["reconstruct"] = {
+            "statistic": "median",
+            "reps": 21,
+            "points": recon,
+            "flatness": max(snap_ms) / min(snap_ms),
+            "target_ms": TARGET_STATE_MS,
+            "pass": all(r["pass"] for r in recon),
+        }
+
+        # 4. fork
+        _say(quiet, "  forking ...")
+        fork_seqs = [10, n_events - 10]
+        reps = 200
+        times: dict[int, list[float]] = {s: [] for s in fork_seqs}
+        for _ in range(5):  # warm-up
+            for s in fork_seqs:
+                j.fork(run, s)
+        for i in range(reps):
+            for s in fork_seqs if i % 2 == 0 else reversed(fork_seqs):
+                t0 = time.perf_counter()
+                j.fork(run, s)
+                times[s].append(time.perf_counter() - t0)
+        fork_ms = {s: _ms(statistics.median(times[s])) for s in fork_seqs}
+        spread = max(fork_ms.values()) / min(fork_ms.values())
+        out["fork"] = {
+            "statistic": "median",
+            "reps": reps,
+            "points": [{"seq": s, "ms": fork_ms[s]} for s in fork_seqs],
+            "spread": spread,
+            "target_spread": TARGET_FORK_SPREAD,
+            "pass": spread <= TARGET_FORK_SPREAD,
+        }
+    finally:
+        j.close()
+    return out
+
+
+# ------------------------------------------------------------------ report
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def print_table(res: dict[str, Any]) -> None:
+    a, r = res["append"], res["run"]
+    sz, rc, fk = r["size"], r["reconstruct"], r["fork"]
+    rows: list[tuple[str, str, str, str]] = []
+    rows.append(
+        (
+            f"append: Journal.append ({a['steps']:,} steps x 3, best of {a['reps']})",
+            f"{a['journal_events_per_s']:,.0f} ev/s",
+            "",
+            "",
+        )
+    )
+    rows.append(
+        (
+            f"append: plain sqlite3 floor (best of {a['reps']})",
+            f"{a['floor_events_per_s']:,.0f} ev/s",
+            "",
+            "",
+        )
+    )
+    rows.append(
+        (
+            "append: ratio journal / floor",
+            f"{a['ratio']:.2f}",
+            f">= {a['target_ratio']}",
+            _verdict(a["pass"]),
+        )
+    )
+    rows.append(
+        (
+            f"build: {r['events']:,} events via Journal.append",
+            f"{r['build_append_s']:.2f} s",
+            f"({r['build_events_per_s']:,.0f} ev/s)",
+            "",
+        )
+    )
+    rows.append(
+        (
+            f"s_k: build_snapshots, one-time ({sz['snapshots']} snapshots)",
+            f"{r['build_snapshots_s']:.2f} s",
+            "",
+            "",
+        )
+    )
+    for p in rc["points"]:
+        rows.append(
+            (
+                f"s_k: state_at_seq seq={p['seq']:,}, fold {p['folded_past_snapshot']}"
+                f" (median of {rc['reps']})",
+                f"{p['snapshot_ms']:.2f} ms",
+                f"<= {rc['target_ms']:g} ms",
+                _verdict(p["pass"]),
+            )
+        )
+        rows.append(
+            (
+                f"     plain fold from 0, seq={p['seq']:,} (median of {p['plain_reps']})",
+                f"{p['plain_fold_ms']:,.2f} ms",
+                "",
+                "",
+            )
+        )
+    rows.append(("size: empty journal", f"{sz['empty_journal_bytes']:,} B", "", ""))
+    rows.append(("size: avg encoded payload", f"{sz['avg_payload_bytes']:,.0f} B/ev", "", ""))
+    rows.append(
+        (
+            "size: on disk per event, events only",
+            f"{sz['bytes_per_event']:,.0f} B/ev ({sz['ratio']:.2f}x)",
+            f"<= {sz['target_ratio']}x",
+            _verdict(sz["pass"]),
+        )
+    )
+    rows.append(
+        (
+            f"size: snapshots ({sz['snapshots']}, avg {sz['snapshot_avg_bytes'] / 1024:,.0f} KiB)",
+            f"{(sz['file_bytes_with_snapshots'] - sz['file_bytes_events_only']) / 2**20:,.1f} MiB",
+            "",
+            "",
+        )
+    )
+    rows.append(
+        (
+            "size: on disk per event, with snapshots",
+            f"{sz['bytes_per_event_with_snapshots']:,.0f} B/ev ({sz['ratio_with_snapshots']:.2f}x)",
+            f"<= {sz['target_ratio']}x",
+            _verdict(sz["pass_with_snapshots"]),
+        )
+    )
+    for p in fk["points"]:
+        rows.append(
+            (
+                f"fork: Journal.fork seq={p['seq']:,} (median of {fk['reps']})",
+                f"{p['ms']:.3f} ms",
+                "",
+                "",
+            )
+        )
+    rows.append(
+        (
+            "fork: spread between the two",
+            f"{fk['spread']:.2f}x",
+            f"<= {fk['target_spread']}x",
+            _verdict(fk["pass"]),
+        )
+    )
+    w = [max(len(row[i]) for row in rows) for i in range(4)]
+    header = ("measure", "value", "target", "")
+    print(f"{header[0]:<{w[0]}}  {header[1]:>{w[1]}}  {header[2]}")
+    print("-" * (sum(w) + 8))
+    for row in rows:
+        print(f"{row[0]:<{w[0]}}  {row[1]:>{w[1]}}  {row[2]:<{w[2]}}  {row[3]}".rstrip())
+    env = res["env"]
+    print(
+        f"\npython {env['python']}, sqlite {env['sqlite']}, {env['cpus']} cpus;"
+        f" throughput: best of runs, latencies: medians"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=100_000, help="events in the big run (N)")
+    p.add_argument("--append-steps", type=int, default=3000, help="steps per append run")
+    p.add_argument("--reps", type=int, default=3, help="append runs of each kind")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    p.add_argument("--dir", default=None, help="parent of the temporary directory")
+    args = p.parse_args(argv)
+    quiet = args.json
+
+    work = Path(tempfile.mkdtemp(prefix="car-bench-", dir=args.dir))
+    try:
+        _say(quiet, f"append: {args.append_steps:,} steps x {args.reps} reps, alternating")
+        res: dict[str, Any] = {"append": section_append(work, args.append_steps, args.reps, quiet)}
+        _say(quiet, f"run of {args.events:,} events")
+        res["run"] = section_run(work, args.events, quiet)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    res["env"] = {
+        "python": sys.version.split()[0],
+        "sqlite": sqlite3.sqlite_version,
+        "cpus": os.cpu_count(),
+    }
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print_table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
