@@ -1,0 +1,373 @@
+"""The contrastive single-step estimator and the point-of-commitment rule.
+
+For step k: keep steps < k factual, re-decide step k and everything after it (do_resample(k)
+and run forward), and estimate
+
+    effect_k = P(bad | do_resample(k)) - P(bad | factual).
+
+P(bad | factual) is taken as exactly 1: the run being attributed is a recorded bad run, and
+keeping every step replays its actions, so a deterministic (rule-based) outcome is bad again.
+Only P(bad | do_resample(k)) is estimated, from n forward runs, with a Wilson interval; the
+effect's interval is that interval shifted by -1. Effects are therefore never positive, and an
+interval lies entirely below zero exactly when at least one forward run was rescued. The
+assumption fails for judge-based or otherwise noisy outcomes; such a model should estimate the
+factual rate itself.
+
+Resampling step k also re-rolls every later step (the run-forward confound), so early
+irrelevant steps look causal. The point-of-commitment rule therefore names as the causal locus
+the LAST step whose interval lies entirely below zero: the last point where re-deciding can
+still save the run. No such step means no locus (None).
+
+Two modes:
+
+* FIXED (the paper): K forward runs at every step, each interval at the nominal level.
+* ADAPTIVE: scan from the last step backwards and spend runs where they decide something.
+  Each scanned step is sampled cumulatively at a pre-specified schedule of looks (`Look`),
+  and stops at the first look whose interval has half-width <= target: below zero, it is the
+  locus; containing zero, the step has no effect and the scan moves one step earlier. The
+  schedule puts a quick look at `batch` runs (large effects show a rescue at once), a look
+  where a rescue-free step is settled, and a refine look sized so that the worst case
+  (p = 1/2) meets the target. Steps before the locus get `min_runs` runs only, one look each
+  at the nominal level, for the ranked table.
+
+Repeated looks are paid for with a Bonferroni split of alpha = 1 - confidence over the
+schedule (5% / 15% / 80% of alpha for the quick, settle and refine looks). The look sizes are
+fixed before any data is seen, so by the union bound all looks of a step cover the truth
+simultaneously with probability >= confidence, whichever look the data stops at; the reported
+interval keeps the nominal coverage despite the optional stopping.
+
+Common random numbers: run i of every step uses the same branch seed, so under the
+ForwardModel's (branch_seed, j) contract the runs of different steps share the random numbers
+of later steps. This does NOT narrow any single effect's interval (P(bad | factual) is known,
+so each effect is a one-sample estimate); it correlates the estimates of neighbouring steps,
+which makes their differences (how much step k adds over step k+1) less noisy. The benchmark
+measures both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+import numpy as np
+from scipy.stats import norm
+
+from engine.attribution.base import ForwardModel, ForwardRequest, Progress, report_progress
+from engine.errors import ConfigError
+
+_SEED_BOUND = 2**63
+
+
+class ContrastiveMode(StrEnum):
+    """How forward runs are spent across steps."""
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+
+    @classmethod
+    def parse(cls, value: str | ContrastiveMode) -> ContrastiveMode:
+        """The enum member for `value`; a typo fails loudly with the valid values."""
+        try:
+            return cls(value)
+        except ValueError as e:
+            valid = ", ".join(repr(m.value) for m in cls)
+            raise ConfigError(f"contrastive mode must be one of {valid}, got {value!r}") from e
+
+
+class Look(msgspec.Struct, frozen=True):
+    """A point of the adaptive schedule: after n cumulative runs, an interval at level 1-alpha."""
+
+    n: int
+    alpha: float
+
+
+class StepEffect(msgspec.Struct, frozen=True):
+    """The estimated effect of re-deciding one step, with its interval and cost."""
+
+    step: int
+    label: str
+    agent: str | None
+    effect: float
+    ci: tuple[float, float]
+    n: int  # forward runs spent on this step
+    excludes_zero: bool  # the interval lies entirely below zero: re-deciding can rescue
+    level: float  # the confidence level of this particular interval (after the alpha split)
+    phase: str  # "fixed", "settled" (adaptive, stopped), "minimum" (before the locus)
+
+    @property
+    def half_width(self) -> float:
+        return (self.ci[1] - self.ci[0]) / 2
+
+
+class ContrastiveResult(msgspec.Struct, frozen=True):
+    """Per-step effects, the causal locus, and the forward runs it cost."""
+
+    mode: str
+    confidence: float
+    crn: bool
+    steps: tuple[StepEffect, ...]
+    locus: int | None
+    forward_runs: int
+    target_half_width: float | None = None  # adaptive only
+
+    @property
+    def locus_label(self) -> str | None:
+        return None if self.locus is None else self.steps[self.locus].label
+
+    def ranked(self) -> list[StepEffect]:
+        """Steps from the strongest rescue (most negative effect) to the weakest."""
+        return sorted(self.steps, key=lambda s: (s.effect, s.step))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready)."""
+        return {
+            "mode": self.mode,
+            "confidence": self.confidence,
+            "crn": self.crn,
+            "target_half_width": self.target_half_width,
+            "locus": self.locus,
+            "locus_label": self.locus_label,
+            "forward_runs": self.forward_runs,
+            "steps": [
+                {
+                    "step": s.step,
+                    "label": s.label,
+                    "agent": s.agent,
+                    "effect": s.effect,
+                    "ci": list(s.ci),
+                    "n": s.n,
+                    "excludes_zero": s.excludes_zero,
+                    "level": s.level,
+                    "phase": s.phase,
+                }
+                for s in self.steps
+            ],
+        }
+
+
+def z_value(alpha: float) -> float:
+    """The two-sided normal quantile for level 1 - alpha."""
+    return float(norm.ppf(1 - alpha / 2))
+
+
+def wilson(bad: int, n: int, alpha: float) -> tuple[float, float]:
+    """Wilson score interval for a proportion of `bad` out of `n` (no continuity correction).
+
+    Same formula as scipy's binomtest(...).proportion_ci(method="wilson"), written out because
+    the adaptive scan evaluates it at every look; the ends are pinned at 0 and 1 exactly when
+    all or none of the runs were bad, so "below zero" never hinges on a rounding error.
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    z = z_value(alpha)
+    z2 = z * z
+    center = (bad + z2 / 2) / (n + z2)
+    half = z / (n + z2) * math.sqrt(bad * (n - bad) / n + z2 / 4)
+    lo = 0.0 if bad == 0 else max(0.0, center - half)
+    hi = 1.0 if bad == n else min(1.0, center + half)
+    return (lo, hi)
+
+
+def adaptive_schedule(
+    confidence: float, target_half_width: float, batch: int, max_runs: int
+) -> list[Look]:
+    """The pre-specified looks of one adaptively scanned step; their alphas sum to 1-confidence.
+
+    Quick look at `batch` runs (5% of alpha); settle look where a step without any rescue
+    reaches the target half-width (15%); refine look where even p = 1/2 does (80%). Looks
+    that coincide are merged (alphas add up); sizes are capped at `max_runs`.
+    """
+    alpha = 1 - confidence
+    shares = [(0.05, None), (0.15, "settle"), (0.80, "refine")]
+    looks: list[Look] = []
+    previous = 0
+    for share, kind in shares:
+        a = share * alpha
+        if kind is None:
+            n = batch
+        elif kind == "settle":
+            n = _runs_for_half_width(target_half_width, a, worst_case=False)
+        else:
+            n = _runs_for_half_width(target_half_width, a, worst_case=True)
+        n = min(max(n, previous, 1), max_runs)
+        if looks and looks[-1].n == n:
+            looks[-1] = Look(n=n, alpha=looks[-1].alpha + a)
+        else:
+            looks.append(Look(n=n, alpha=a))
+        previous = n
+    return looks
+
+
+def _runs_for_half_width(target: float, alpha: float, worst_case: bool) -> int:
+    """Smallest n whose Wilson interval has half-width <= target: with all n runs bad, or in
+    the worst case (half of the runs bad, the widest interval)."""
+
+    def half_width(n: int) -> float:
+        bad = n // 2 if worst_case else n
+        lo, hi = wilson(bad, n, alpha)
+        return (hi - lo) / 2
+
+    # Both half-widths shrink monotonically with n: double until met, then bisect.
+    hi = 1
+    while half_width(hi) > target:
+        hi *= 2
+        if hi > 1 << 30:
+            raise ConfigError(f"target half-width {target!r} is out of reach")
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if half_width(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def contrastive(
+    model: ForwardModel,
+    *,
+    rng: np.random.Generator,
+    mode: str | ContrastiveMode = ContrastiveMode.ADAPTIVE,
+    k: int = 100,
+    confidence: float = 0.95,
+    target_half_width: float = 0.05,
+    batch: int = 16,
+    min_runs: int = 16,
+    max_runs_per_step: int = 4096,
+    crn: bool = True,
+    progress: Progress | None = None,
+) -> ContrastiveResult:
+    """Estimate every step's contrastive effect and the point-of-commitment locus.
+
+    `k` is the runs per step of the FIXED mode; `target_half_width`, `batch`, `min_runs` and
+    `max_runs_per_step` shape the ADAPTIVE mode. Branch seeds come from `rng`; with `crn`
+    run i of every step shares one branch seed.
+    """
+    kind = ContrastiveMode.parse(mode)
+    if not 0 < confidence < 1:
+        raise ConfigError(f"confidence must lie strictly between 0 and 1, got {confidence!r}")
+    n_steps = model.n_steps
+    if n_steps < 1:
+        raise ConfigError("the model has no steps to attribute")
+    runner = _Runner(model, rng, crn, progress)
+    if kind is ContrastiveMode.FIXED:
+        if k < 1:
+            raise ConfigError(f"k (forward runs per step) must be at least 1, got {k!r}")
+        runner.total = n_steps * k
+        alpha = 1 - confidence
+        effects = []
+        for step in range(n_steps):
+            bad = runner.run(step, 0, k)
+            effects.append(_effect(model, step, bad, k, alpha, "fixed"))
+        return _result(kind, confidence, crn, effects, runner.done, None)
+
+    for name, value in (("batch", batch), ("min_runs", min_runs)):
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value!r}")
+    if not 0 < target_half_width < 0.5:
+        raise ConfigError(
+            f"target half-width must lie strictly between 0 and 0.5, got {target_half_width!r}"
+        )
+    schedule = adaptive_schedule(confidence, target_half_width, batch, max_runs_per_step)
+    found: dict[int, StepEffect] = {}
+    locus: int | None = None
+    for step in reversed(range(n_steps)):
+        if locus is not None:
+            bad = runner.run(step, 0, min_runs)
+            found[step] = _effect(model, step, bad, min_runs, 1 - confidence, "minimum")
+            continue
+        bad, n = 0, 0
+        for i, look in enumerate(schedule):
+            bad += runner.run(step, n, look.n - n)
+            n = look.n
+            effect = _effect(model, step, bad, n, look.alpha, "settled")
+            if effect.half_width <= target_half_width or i == len(schedule) - 1:
+                break
+        found[step] = effect
+        if effect.excludes_zero:
+            locus = step
+    effects = [found[step] for step in range(n_steps)]
+    return _result(kind, confidence, crn, effects, runner.done, target_half_width)
+
+
+class _Runner:
+    """Issues the forward runs of one estimate: seeds, batching, the progress count."""
+
+    def __init__(
+        self, model: ForwardModel, rng: np.random.Generator, crn: bool, progress: Progress | None
+    ) -> None:
+        self.model = model
+        self.rng = rng
+        self.crn = crn
+        self.progress = progress
+        self.done = 0
+        self.total: int | None = None
+        self.shared: list[int] = []  # branch seed of run i, shared by every step under CRN
+        self.own: dict[int, list[int]] = {}  # per-step seeds without CRN
+
+    def seeds(self, step: int, start: int, count: int) -> list[int]:
+        pool = self.shared if self.crn else self.own.setdefault(step, [])
+        if len(pool) < start + count:
+            extra = self.rng.integers(0, _SEED_BOUND, size=start + count - len(pool))
+            pool.extend(int(s) for s in extra)
+        return pool[start : start + count]
+
+    def run(self, step: int, start: int, count: int) -> int:
+        """Runs start..start+count-1 of do_resample(step); returns how many ended bad."""
+        if count <= 0:
+            return 0
+        keep = frozenset(range(step))
+        requests = [
+            ForwardRequest(keep=keep, branch_seed=s) for s in self.seeds(step, start, count)
+        ]
+        outcomes = self.model.run_batch(requests)
+        if len(outcomes) != count:
+            raise ConfigError(
+                f"forward model returned {len(outcomes)} outcomes for {count} requests"
+            )
+        self.done += count
+        report_progress(self.progress, self.done, self.total)
+        return sum(bool(o) for o in outcomes)
+
+
+def _effect(
+    model: ForwardModel, step: int, bad: int, n: int, alpha: float, phase: str
+) -> StepEffect:
+    lo, hi = wilson(bad, n, alpha)
+    return StepEffect(
+        step=step,
+        label=model.step_labels[step],
+        agent=model.step_agents[step],
+        effect=bad / n - 1.0,
+        ci=(lo - 1.0, hi - 1.0),
+        n=n,
+        excludes_zero=hi < 1.0,
+        level=1 - alpha,
+        phase=phase,
+    )
+
+
+def _result(
+    kind: ContrastiveMode,
+    confidence: float,
+    crn: bool,
+    effects: Sequence[StepEffect],
+    runs: int,
+    target: float | None,
+) -> ContrastiveResult:
+    locus = None
+    for effect in effects:
+        if effect.excludes_zero:
+            locus = effect.step
+    return ContrastiveResult(
+        mode=kind.value,
+        confidence=confidence,
+        crn=crn,
+        steps=tuple(effects),
+        locus=locus,
+        forward_runs=runs,
+        target_half_width=target,
+    )
