@@ -236,6 +236,326 @@ def verify_cmd(
         )
 
 
+# ----------------------------------------------------------------- heist
+
+
+def _policy_from_options(policy: str, base_url: str | None, model: str | None) -> Any:
+    from engine.policies.registry import make_policy
+
+    spec: dict[str, Any] = {"name": policy}
+    if policy == "openai":
+        spec["base_url"] = base_url or "http://localhost:1234/v1"
+        spec["model"] = model or "local-model"
+    elif base_url or model:
+        raise typer.BadParameter("--base-url/--model only apply to --policy openai")
+    return make_policy(spec)
+
+
+def _print_step(k: int, agent: str, events: list[Any]) -> None:
+    from engine import events as ev
+
+    for e in events:
+        if isinstance(e, ev.ToolResult):
+            shown = e.output if e.ok else f"FAILED: {e.error}"
+            out.print(
+                f"      [dim]{e.tool}({e.param}) -> {views._clip(shown, 110)}[/]",
+                highlight=False,
+            )
+        elif isinstance(e, ev.ChatMessage):
+            out.print(f"[bold cyan][{k:>2}] {agent}[/]: ", end="", highlight=False)
+            out.print(e.text, highlight=False, markup=False)
+
+
+@app.command("heist")
+def heist_cmd(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Crew YAML (default: the six built-in agents).")
+    ] = None,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Turns per agent.")] = 4,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Root seed (default: random, and recorded).")
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", help="sim (embedded, no server) | sim-honest | openai.")
+    ] = "sim",
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="OpenAI-compatible server URL.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Model name for --policy openai.")
+    ] = None,
+    mole: Annotated[str | None, typer.Option("--mole", help="Make this agent the mole.")] = None,
+    strategy: Annotated[
+        str | None, typer.Option("--strategy", help="Mole strategy, e.g. FALSE_INFO.")
+    ] = None,
+    no_mole: Annotated[bool, typer.Option("--no-mole", help="Play without a mole.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Do not stream the transcript.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record one heist: six agents plan, one is secretly the mole; ends with the outcome."""
+    import os
+    import signal
+
+    from engine.heist.session import record_heist
+    from engine.runtime.control import ControlChannel
+
+    pol = _policy_from_options(policy, base_url, model)
+    root_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
+    control = ControlChannel()
+    previous = signal.signal(signal.SIGINT, lambda *_: control.request("stop", "interrupted"))
+    stream = None if (quiet or as_json) else _print_step
+    try:
+        with open_journal() as j:
+            result = record_heist(
+                j,
+                pol,
+                seed=root_seed,
+                rounds=rounds,
+                config_path=config,
+                mole=mole,
+                strategy=strategy,
+                no_mole=no_mole,
+                control=control,
+                on_step=stream,
+                server=base_url if policy == "openai" else None,
+            )
+            agents = list(j.events(result.run_id, 1)[0].agents)  # type: ignore[union-attr]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    outcome = result.outcome
+    data = {
+        "run_id": result.run_id,
+        "agents": agents,
+        "steps": result.steps,
+        "seed": root_seed,
+        "policy": policy,
+        "status": result.status,
+        "outcome": {
+            "bad": outcome.get("bad"),
+            "score": outcome.get("score"),
+            "reasons": outcome.get("reasons", []),
+            "plan": outcome.get("plan", {}),
+        },
+        "error": result.error,
+    }
+    if as_json:
+        emit_json(data)
+    else:
+        out.print(
+            f"\n[bold]run {result.run_id}[/] ({result.status}, {result.steps} steps, "
+            f"seed {root_seed})",
+            highlight=False,
+        )
+        if result.status == "completed":
+            verdict = "[red]BAD: the plan would fail[/]" if outcome.get("bad") else "[green]OK[/]"
+            out.print(f"outcome: {verdict}  score={outcome.get('score')}", highlight=False)
+            for r in outcome.get("reasons", []):
+                out.print(f"  - {r}", highlight=False, markup=False)
+            out.print(
+                f"next: car accuse {result.run_id} AGENT   |   car fidelity {result.run_id}",
+                highlight=False,
+            )
+    if result.status == "failed":
+        fail(f"run {result.run_id} failed and was closed in the journal: {result.error}")
+
+
+@app.command("accuse")
+def accuse_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
+    agent: Annotated[str | None, typer.Argument(help="Your suspect (omit to give up).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Name the mole: SUCCESS (right), FAILURE (wrong agent), BUSTED (nobody named)."""
+    from engine.heist.session import accuse_run
+
+    with open_journal(create=False) as j:
+        result = accuse_run(j, run_id, agent)
+    if as_json:
+        emit_json(
+            {
+                "run_id": result.run_id,
+                "suspect": result.suspect,
+                "verdict": result.verdict,
+                "mole": result.mole,
+                "strategy": result.strategy,
+            }
+        )
+        return
+    out.print(f"[bold]{result.verdict}[/]", highlight=False)
+    out.print(f"the mole was {result.mole} (strategy {result.strategy})", highlight=False)
+
+
+# ----------------------------------------------------------------- replay / fork
+
+
+def _progress(description: str, as_json: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=as_json and not err.is_terminal,
+    )
+
+
+def _policy_override(
+    base_url: str | None, model: str | None, drift: float | None
+) -> dict[str, Any] | None:
+    override: dict[str, Any] = {}
+    if base_url:
+        override["base_url"] = base_url
+    if model:
+        override["model"] = model
+    if drift is not None:
+        if not 0.0 <= drift <= 1.0:
+            raise typer.BadParameter(f"--drift must be within [0, 1], got {drift}")
+        override["drift"] = drift
+    return override or None
+
+
+@app.command("fidelity")
+def fidelity_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="Replay against this server instead.")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Replay with this model.")] = None,
+    drift: Annotated[
+        float | None,
+        typer.Option("--drift", help="sim only: probability of ignoring the seed (test knob)."),
+    ] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-execute every step with its recorded seed and context: the action-match rate."""
+    from engine.replay import fidelity
+
+    with open_journal(create=False) as j, _progress("re-executing steps", as_json) as bar:
+        task = bar.add_task("re-executing steps", total=None)
+        report = fidelity(
+            j,
+            run_id,
+            policy_override=_policy_override(base_url, model, drift),
+            concurrency=concurrency,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    data = report.to_dict()
+    if as_json:
+        emit_json(data)
+        return
+    rate = report.action_match_rate
+    exact = report.exact_match_rate
+    out.print(
+        f"[bold]fidelity of run {report.run_id}[/] (policy {report.policy.get('name')}): "
+        f"action-match rate [bold]{_pct(rate)}[/] (exact {_pct(exact)}) over "
+        f"{report.steps - report.skipped} re-executed steps"
+        + (f", {report.skipped} forced/failed skipped" if report.skipped else ""),
+        highlight=False,
+    )
+    if report.request_check:
+        out.print(f"[red]rebuilt request differs[/]: {report.request_check}", highlight=False)
+    table = Table(box=None, header_style="bold")
+    for col in ("agent", "steps", "exact", "normalised"):
+        table.add_column(col)
+    for agent, a in report.per_agent.items():
+        table.add_row(
+            agent, str(a["steps"]), _pct(a["exact_match_rate"]), _pct(a["action_match_rate"])
+        )
+    out.print(table)
+    for d in report.divergences[:20]:
+        out.print(
+            f"[yellow]step {d['step']} ({d['agent']})[/]: {d['provenance']['explanation']}",
+            highlight=False,
+        )
+        out.print(f"    {d['diff']}", highlight=False, markup=False)
+    if len(report.divergences) > 20:
+        out.print(f"... {len(report.divergences) - 20} more divergences (--json for all)")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+@app.command("fork")
+def fork_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix of the parent.")],
+    at: Annotated[int, typer.Option("--at", "-k", help="Step k to intervene on.")],
+    do: Annotated[
+        str,
+        typer.Option("--do", help="resample | action | observation | context | policy"),
+    ],
+    value: Annotated[
+        str | None,
+        typer.Option(
+            "--value",
+            help="action: the message; observation: the tool result; context: a message to add,"
+            ' or {"step": j, "text": t} to replace step j; policy: sim | sim-honest | openai.',
+        ),
+    ] = None,
+    value_file: Annotated[
+        Path | None, typer.Option("--value-file", help="Read --value from a file.")
+    ] = None,
+    n: Annotated[int, typer.Option("-n", min=1, help="Number of branches.")] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the branches' randomness.")] = 0,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Branches run at once.")
+    ] = 1,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="Run branches against this server.")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model for the branches.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fork N branches at step k with one do() intervention; the outcome distribution."""
+    from engine.interventions import fork_many, parse_intervention
+
+    if value_file is not None:
+        if value is not None:
+            raise typer.BadParameter("give --value or --value-file, not both")
+        try:
+            value = value_file.read_text(encoding="utf-8")
+        except OSError as e:
+            fail(f"cannot read --value-file {str(value_file)!r}: {e.strerror}")
+    iv = parse_intervention(do, at, value)
+    with open_journal(create=False) as j, _progress(f"do_{do}@{at}", as_json) as bar:
+        task = bar.add_task(f"branches do_{do}@{at}", total=n)
+        report = fork_many(
+            j,
+            run_id,
+            iv,
+            n,
+            seed=seed,
+            concurrency=concurrency,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            policy_override=_policy_override(base_url, model, None),
+        )
+    data = report.to_dict()
+    if as_json:
+        emit_json(data)
+        return
+    out.print(
+        f"[bold]do_{report.op}({report.at})[/] on run {report.parent} "
+        f"(factual outcome: {'bad' if report.factual_bad else 'ok'})",
+        highlight=False,
+    )
+    if report.bad_rate is not None and report.ci is not None:
+        out.print(
+            f"bad rate [bold]{report.bad_rate:.3f}[/] ({report.bad}/{report.scored} branches), "
+            f"95% CI [{report.ci[0]:.3f}, {report.ci[1]:.3f}] (Wilson)",
+            highlight=False,
+        )
+    failed = [b for b in report.branches if b.bad is None]
+    if failed:
+        out.print(f"[red]{len(failed)} branches failed[/]: {failed[0].error}", highlight=False)
+    out.print("branches: " + " ".join(b.run_id for b in report.branches if b.run_id))
+
+
 def fail(message: str, code: int = 1) -> None:
     """One clean line on stderr (never wrapped) and a non-zero exit."""
     first = " ".join(message.split())

@@ -169,6 +169,8 @@ class Journal:
             @event.listens_for(eng, "connect")
             def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
                 cur = dbapi_conn.cursor()
+                # 8 KiB pages fit ~1 KB events with less slack; only a new, empty file takes it
+                cur.execute("PRAGMA page_size=8192")
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=NORMAL")
                 cur.execute("PRAGMA foreign_keys=ON")

@@ -11,7 +11,8 @@ import msgspec
 
 from engine import events as ev
 from engine.journal import Journal, RunInfo
-from engine.state import State, state_at
+from engine.policies.base import ChatLine
+from engine.state import State, edit_transcript, state_at
 
 
 def fork_step(j: Journal, info: RunInfo) -> int | None:
@@ -168,3 +169,25 @@ def state_view(j: Journal, run_id: str, k: int, *, reveal: bool = False) -> dict
     data["run_id"] = info.run_id
     data["k"] = k
     return data
+
+
+def conversation(j: Journal, run_id: str, stop: int | None = None) -> list[ChatLine]:
+    """The full public conversation of a run's history (events with seq < stop), with any
+    do_context edits applied where they were made."""
+    lines: list[ChatLine] = []
+    for stored in j.read(run_id, 0, stop):
+        e = stored.event
+        if isinstance(e, ev.ChatMessage):
+            lines.append(ChatLine(step=e.step or 0, agent=e.agent, text=e.text))
+        elif isinstance(e, ev.Intervention) and e.op == "context":
+            lines = edit_transcript(lines, e.value, e.at)
+    return lines
+
+
+def tool_usage(j: Journal, run_id: str) -> list[dict[str, Any]]:
+    """The blog's tool_usage view: one row per tool result (agent, tool, param, success)."""
+    return [
+        {"step": e.step, "agent": e.agent, "tool_name": e.tool, "param": e.param, "success": e.ok}
+        for e in (s.event for s in j.read(run_id) if s.kind == "tool_result")
+        if isinstance(e, ev.ToolResult)
+    ]

@@ -1,0 +1,226 @@
+"""A heist session: the scenario the runtime plays, recording a new heist, and the accusation.
+
+Everything a later replay needs is journaled in RunStarted (the crew config, the world seed,
+rounds, policy spec) and MoleAssigned (secret), so a branch rebuilds the same scenario from the
+journal alone."""
+
+from __future__ import annotations
+
+import random
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from engine import events as ev
+from engine.errors import ConfigError, JournalError
+from engine.heist.config import HeistConfig, load_agents_config
+from engine.heist.controller import accuse
+from engine.heist.mole import Strategy, choose_mole, instructions, parse_strategy
+from engine.heist.outcome import score_plan
+from engine.heist.prompts import render_messages, system_prompt
+from engine.heist.tools import Toolbox, parse_tool_calls
+from engine.heist.world import World, make_world
+from engine.journal import Journal
+from engine.policies.base import AgentView, ChatLine, Policy
+from engine.policies.registry import policy_spec
+from engine.policies.sim import step_seed
+from engine.runtime.clock import Clock, SystemClock
+from engine.runtime.control import ControlChannel
+from engine.runtime.episode import EpisodeResult, StepCallback, run_episode
+from engine.runtime.recorder import Recorder
+from engine.state import DEFAULT_CONTEXT_WINDOW, State
+
+DEFAULT_ROUNDS = 4
+SCENARIO = "heist"
+
+
+def engine_version() -> str:
+    try:
+        return metadata.version("causal-agent-replay")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class HeistScenario:
+    """The heist as the runtime's Scenario: views, prompts, tools and the outcome rule."""
+
+    def __init__(self, config: HeistConfig, world_seed: int, rounds: int) -> None:
+        if rounds < 1:
+            raise ConfigError(f"rounds must be at least 1, got {rounds!r}")
+        self.config = config
+        self.world_seed = world_seed
+        self.rounds = rounds
+        self.world: World = make_world(world_seed)
+        self.toolbox = Toolbox(self.world)
+        self.agents = config.names
+        self.total_steps = rounds * len(self.agents)
+
+    def run_config(self) -> dict[str, Any]:
+        """The journaled form of this scenario (RunStarted.config)."""
+        return {
+            "crew": msgspec.to_builtins(self.config),
+            "world_seed": self.world_seed,
+            "rounds": self.rounds,
+        }
+
+    @classmethod
+    def from_state(cls, state: State) -> HeistScenario:
+        """Rebuild the scenario of a recorded run from its folded RunStarted."""
+        if state.scenario != SCENARIO:
+            raise JournalError(f"run is a {state.scenario!r} run, not a heist")
+        cfg = state.config
+        config = msgspec.convert(cfg["crew"], HeistConfig)
+        return cls(config, int(cfg["world_seed"]), int(cfg["rounds"]))
+
+    def view(self, state: State, run_id: str) -> AgentView:
+        agent = self.agents[state.step % len(self.agents)]
+        ctx = state.contexts.get(agent)
+        secret = ctx.secret if ctx is not None else None
+        strategy = ctx.strategy if ctx is not None else None
+        return AgentView(
+            run_id=run_id,
+            step=state.step,
+            round=state.step // len(self.agents),
+            agent=agent,
+            role=self.config.agent(agent).role,
+            system_prompt=system_prompt(self.config.agent(agent), self.config, secret),
+            agents=self.agents,
+            transcript=state.transcript,
+            observations=ctx.observations if ctx is not None else (),
+            mole_strategy=strategy,
+            rounds=self.rounds,
+        )
+
+    def messages(self, view: AgentView) -> list[dict[str, str]]:
+        return render_messages(view)
+
+    def tool_calls(self, text: str) -> list[tuple[str, str]]:
+        return parse_tool_calls(text)
+
+    def run_tool(self, name: str, param: str) -> Any:
+        return self.toolbox.run(name, param)
+
+    def outcome(self, transcript: list[ChatLine]) -> dict[str, Any]:
+        return msgspec.to_builtins(score_plan(self.world, transcript))  # type: ignore[no-any-return]
+
+
+def record_heist(
+    journal: Journal,
+    policy: Policy,
+    *,
+    seed: int,
+    rounds: int = DEFAULT_ROUNDS,
+    config: HeistConfig | None = None,
+    config_path: str | Path | None = None,
+    mole: str | None = None,
+    strategy: str | None = None,
+    no_mole: bool = False,
+    context_window: int = DEFAULT_CONTEXT_WINDOW,
+    clock: Clock | None = None,
+    control: ControlChannel | None = None,
+    on_step: StepCallback | None = None,
+    server: str | None = None,
+    label: str = "",
+) -> EpisodeResult:
+    """Record one heist from scratch: RunStarted, the secret mole, every step, RunEnded."""
+    cfg = config or load_agents_config(config_path)
+    scenario = HeistScenario(cfg, seed, rounds)
+    clk = clock or SystemClock()
+    if mole is not None and mole not in scenario.agents:
+        raise ConfigError(f"unknown agent {mole!r} for --mole; agents are: {', '.join(cfg.names)}")
+    strat = parse_strategy(strategy) if strategy is not None else None
+    rng = random.Random(f"mole:{seed}")
+    chosen, chosen_strategy = choose_mole(list(scenario.agents), rng, strat)
+    mole_agent = mole or chosen
+    run_id = journal.create_run(SCENARIO, label=label)
+    opening: list[ev.Event] = [
+        ev.RunStarted(
+            scenario=SCENARIO,
+            config=scenario.run_config(),
+            agents=list(scenario.agents),
+            policy=policy_spec(policy),
+            root_seed=seed,
+            engine_version=engine_version(),
+            started_at=clk.now_iso(),
+            rounds=rounds,
+            context_window=context_window,
+        )
+    ]
+    if not no_mole:
+        opening.append(
+            ev.MoleAssigned(
+                agent=mole_agent,
+                strategy=chosen_strategy.value,
+                instructions=instructions(chosen_strategy),
+            )
+        )
+    recorder = Recorder(journal, run_id, State(), 0)
+    recorder.append(opening)
+    return run_episode(
+        recorder,
+        scenario,
+        policy,
+        lambda k: step_seed(seed, k),
+        [],
+        control=control,
+        clock=clk,
+        on_step=on_step,
+        server=server,
+    )
+
+
+class Accusation(msgspec.Struct, frozen=True):
+    run_id: str
+    suspect: str | None
+    verdict: str
+    mole: str
+    strategy: str
+
+
+def accuse_run(journal: Journal, run_id: str, suspect: str | None) -> Accusation:
+    """Evaluate the user's suspect (HeistController), journal the verdict, reveal the mole."""
+    info = journal.run(run_id)
+    status = journal.status(info.run_id)
+    started: ev.RunStarted | None = None
+    secret: ev.MoleAssigned | None = None
+    for stored in journal.read(info.run_id):
+        e = stored.event
+        if isinstance(e, ev.RunStarted):
+            started = e
+        elif isinstance(e, ev.MoleAssigned):
+            secret = e
+        elif isinstance(e, ev.SuspicionDeclared):
+            raise JournalError(
+                f"run {info.run_id!r} was already accused ({e.suspect or 'nobody'}: {e.verdict})"
+            )
+    if started is None or started.scenario != SCENARIO:
+        raise JournalError(f"run {info.run_id!r} is not a heist")
+    if status == "recording" or status == "paused":
+        raise JournalError(f"run {info.run_id!r} is still recording; accuse it when it has ended")
+    if secret is None:
+        raise JournalError(f"run {info.run_id!r} has no mole to accuse")
+    verdict = accuse(secret.agent, suspect, started.agents)
+    journal.append(
+        info.run_id,
+        [
+            ev.SuspicionDeclared(
+                suspect=suspect,
+                verdict=verdict.value,
+                mole=secret.agent,
+                strategy=secret.strategy,
+            )
+        ],
+    )
+    return Accusation(info.run_id, suspect, verdict.value, secret.agent, secret.strategy)
+
+
+__all__ = [
+    "DEFAULT_ROUNDS",
+    "Accusation",
+    "HeistScenario",
+    "Strategy",
+    "accuse_run",
+    "record_heist",
+]

@@ -1,0 +1,33 @@
+"""structlog, configured once; run_id and step are bound through contextvars."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_configured = False
+
+
+def configure(level: str = "WARNING") -> None:
+    """Log key=value lines to stderr at `level`; safe to call more than once."""
+    global _configured
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    if not _configured:
+        configure()
+    return structlog.get_logger(name)  # type: ignore[no-any-return]

@@ -1,0 +1,286 @@
+"""Replay: rebuild every s_k from the journal, check it against what the policy saw, and
+re-execute each step under teacher forcing to measure fidelity (the action-match rate).
+
+Teacher forcing: step k is re-decided from s_k as *recorded*, with the recorded seed; the new
+action is compared with the recorded one and then discarded, so one divergence never cascades.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+
+from engine import events as ev
+from engine.errors import InterventionError, ReplayDivergence
+from engine.heist.session import HeistScenario
+from engine.journal import Journal
+from engine.policies.base import AgentView
+from engine.policies.registry import make_policy
+from engine.runtime.episode import FORCED_MODEL
+from engine.state import State, apply
+
+
+class RecordedStep(msgspec.Struct, frozen=True):
+    step: int
+    agent: str
+    state: State  # s_k, rebuilt by the fold
+    call: ev.LlmCall
+
+
+def recorded_steps(journal: Journal, run_id: str) -> Iterator[RecordedStep]:
+    """Each step's rebuilt s_k with its recorded LLM call, in one pass over the history."""
+    s = State()
+    for stored in journal.read(run_id):
+        e = stored.event
+        if isinstance(e, ev.LlmCall) and e.step is not None:
+            yield RecordedStep(e.step, e.agent, s, e)
+        s = apply(s, e)
+
+
+def _view_and_messages(
+    scenario: HeistScenario, step: RecordedStep, run_id: str
+) -> tuple[AgentView, list[dict[str, str]]]:
+    view = scenario.view(step.state, run_id)
+    return view, scenario.messages(view)
+
+
+class RequestCheck(msgspec.Struct, frozen=True):
+    run_id: str
+    steps_checked: int
+    first_divergence: dict[str, Any] | None
+
+    @property
+    def ok(self) -> bool:
+        return self.first_divergence is None
+
+
+def check_requests(journal: Journal, run_id: str) -> RequestCheck:
+    """Rebuild the conversation each policy was sent and compare it with the recorded request.
+
+    Reports the first step where they differ, with the first differing message."""
+    info = journal.run(run_id)
+    scenario: HeistScenario | None = None
+    n = 0
+    for step in recorded_steps(journal, info.run_id):
+        if scenario is None:
+            scenario = HeistScenario.from_state(step.state)
+        _, messages = _view_and_messages(scenario, step, info.run_id)
+        n += 1
+        if messages != step.call.request:
+            return RequestCheck(info.run_id, n, _request_diff(step, messages))
+    return RequestCheck(info.run_id, n, None)
+
+
+def _request_diff(step: RecordedStep, rebuilt: list[dict[str, str]]) -> dict[str, Any]:
+    recorded = step.call.request
+    for i in range(max(len(recorded), len(rebuilt))):
+        a = recorded[i] if i < len(recorded) else None
+        b = rebuilt[i] if i < len(rebuilt) else None
+        if a != b:
+            return {
+                "step": step.step,
+                "agent": step.agent,
+                "message_index": i,
+                "recorded": a,
+                "rebuilt": b,
+                "fields": sorted(
+                    k for k in set(a or {}) | set(b or {}) if (a or {}).get(k) != (b or {}).get(k)
+                ),
+            }
+    return {"step": step.step, "agent": step.agent, "message_index": None}
+
+
+# ------------------------------------------------------------------ fidelity
+
+
+def normalise(text: str) -> str:
+    """Whitespace- and case-insensitive form of a message."""
+    return " ".join(text.split()).casefold()
+
+
+def _tool_calls(scenario: HeistScenario, text: str) -> list[tuple[str, str]]:
+    return [(name, " ".join(param.split())) for name, param in scenario.tool_calls(text)]
+
+
+def short_diff(a: str, b: str, width: int = 240) -> str:
+    """A compact word-level diff: [-removed-] {+added+}."""
+    sm = difflib.SequenceMatcher(a=a.split(), b=b.split(), autojunk=False)
+    parts: list[str] = []
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        if op == "equal":
+            words = a.split()[i1:i2]
+            parts.append(" ".join(words) if len(words) <= 6 else f"{words[0]} … {words[-1]}")
+        if op in ("replace", "delete"):
+            parts.append("[-" + " ".join(a.split()[i1:i2]) + "-]")
+        if op in ("replace", "insert"):
+            parts.append("{+" + " ".join(b.split()[j1:j2]) + "+}")
+    text = " ".join(parts)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class StepMatch(msgspec.Struct, frozen=True):
+    step: int
+    agent: str
+    exact: bool
+    normalised: bool
+    recorded: str
+    new: str
+    recorded_model: str
+    new_model: str
+    recorded_fingerprint: str | None
+    new_fingerprint: str | None
+
+
+class FidelityReport(msgspec.Struct, frozen=True):
+    run_id: str
+    policy: dict[str, Any]
+    steps: int
+    skipped: int  # forced or failed steps: nothing to re-execute
+    action_match_rate: float | None
+    exact_match_rate: float | None
+    per_agent: dict[str, dict[str, float | int]]
+    per_step: list[dict[str, Any]]
+    divergences: list[dict[str, Any]]
+    request_check: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
+def fidelity(
+    journal: Journal,
+    run_id: str,
+    *,
+    policy_override: dict[str, Any] | None = None,
+    concurrency: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> FidelityReport:
+    """Re-execute every recorded step with its recorded seed and context; compare actions."""
+    info = journal.run(run_id)
+    steps = list(recorded_steps(journal, info.run_id))
+    if not steps:
+        raise InterventionError(f"run {info.run_id!r} has no recorded steps to replay")
+    first_state = steps[0].state
+    scenario = HeistScenario.from_state(first_state)
+    spec = dict(first_state.policy)
+    if policy_override:
+        spec.update(policy_override)
+    policy = make_policy(spec)
+    check = check_requests(journal, info.run_id)
+    todo = [s for s in steps if s.call.model != FORCED_MODEL and s.call.finish_reason != "error"]
+    skipped = len(steps) - len(todo)
+
+    def one(step: RecordedStep) -> StepMatch:
+        view, messages = _view_and_messages(scenario, step, info.run_id)
+        if messages != step.call.request:
+            # the policy must see exactly what it saw when recording; anything else is not a
+            # replay, so say where the journal and the rebuild part ways
+            raise ReplayDivergence(
+                f"run {info.run_id!r} step {step.step}: rebuilt request differs from the "
+                f"recorded one ({check.first_divergence})"
+            )
+        new = policy.decide(view, messages, step.call.seed)
+        rec = step.call.response
+        exact = new.text == rec
+        # normalised: same words up to whitespace and case, and the same parsed tool calls
+        norm = exact or (
+            normalise(new.text) == normalise(rec)
+            and _tool_calls(scenario, new.text) == _tool_calls(scenario, rec)
+        )
+        return StepMatch(
+            step=step.step,
+            agent=step.agent,
+            exact=exact,
+            normalised=norm,
+            recorded=rec,
+            new=new.text,
+            recorded_model=step.call.model,
+            new_model=new.model,
+            recorded_fingerprint=step.call.system_fingerprint,
+            new_fingerprint=new.system_fingerprint,
+        )
+
+    matches: list[StepMatch] = []
+    if concurrency > 1:
+        with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
+            for i, m in enumerate(pool.map(one, todo)):
+                matches.append(m)
+                if progress:
+                    progress(i + 1, len(todo))
+    else:
+        for i, s in enumerate(todo):
+            matches.append(one(s))
+            if progress:
+                progress(i + 1, len(todo))
+    return _report(info.run_id, spec, len(steps), skipped, matches, check)
+
+
+def _report(
+    run_id: str,
+    spec: dict[str, Any],
+    n_steps: int,
+    skipped: int,
+    matches: list[StepMatch],
+    check: RequestCheck,
+) -> FidelityReport:
+    per_agent: dict[str, dict[str, float | int]] = {}
+    for m in matches:
+        a = per_agent.setdefault(m.agent, {"steps": 0, "exact": 0, "normalised": 0})
+        a["steps"] += 1
+        a["exact"] += int(m.exact)
+        a["normalised"] += int(m.normalised)
+    for a in per_agent.values():
+        a["exact_match_rate"] = a["exact"] / a["steps"]
+        a["action_match_rate"] = a["normalised"] / a["steps"]
+    n = len(matches)
+    divergences = [
+        {
+            "step": m.step,
+            "agent": m.agent,
+            "normalised_match": m.normalised,
+            "recorded": m.recorded,
+            "new": m.new,
+            "diff": short_diff(m.recorded, m.new),
+            "provenance": {
+                "recorded_model": m.recorded_model,
+                "new_model": m.new_model,
+                "recorded_fingerprint": m.recorded_fingerprint,
+                "new_fingerprint": m.new_fingerprint,
+                "server": spec.get("base_url"),
+                "explanation": _explain(m, spec),
+            },
+        }
+        for m in matches
+        if not m.exact
+    ]
+    return FidelityReport(
+        run_id=run_id,
+        policy=spec,
+        steps=n_steps,
+        skipped=skipped,
+        action_match_rate=(sum(m.normalised for m in matches) / n) if n else None,
+        exact_match_rate=(sum(m.exact for m in matches) / n) if n else None,
+        per_agent=per_agent,
+        per_step=[
+            {"step": m.step, "agent": m.agent, "exact": m.exact, "normalised": m.normalised}
+            for m in matches
+        ],
+        divergences=divergences,
+        request_check=None if check.ok else check.first_divergence,
+    )
+
+
+def _explain(m: StepMatch, spec: dict[str, Any]) -> str:
+    if m.recorded_model != m.new_model:
+        return f"model changed: {m.recorded_model!r} -> {m.new_model!r}"
+    if m.recorded_fingerprint != m.new_fingerprint:
+        return f"server fingerprint changed: {m.recorded_fingerprint!r} -> {m.new_fingerprint!r}"
+    if spec.get("name", "").startswith("sim") and float(spec.get("drift", 0) or 0) > 0:
+        return f"sim drift knob is {spec.get('drift')}: the policy ignores the seed sometimes"
+    if m.normalised:
+        return "only whitespace or letter case differ"
+    return "same model and fingerprint: nondeterminism in the model or server"

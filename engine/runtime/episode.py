@@ -1,0 +1,239 @@
+"""The step loop: from any s_k, let agents take turns until the run ends.
+
+Recording a new run and running a forked branch forward are the same loop; a branch only differs
+in where it starts (s_k rebuilt from the journal) and in what it forces (an action, an
+observation, a policy). Every model call, tool call, tool result and message of a step goes to
+the recorder as one atomic append before the next step begins."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from engine import events as ev
+from engine.errors import PolicyError
+from engine.logging import get_logger
+from engine.policies.base import AgentView, ChatLine, Completion, Policy
+from engine.runtime.clock import Clock, SystemClock
+from engine.runtime.control import ControlChannel
+from engine.runtime.recorder import Recorder
+from engine.state import State
+
+log = get_logger("car.runtime")
+
+FORCED_MODEL = "do_action"
+
+
+class ToolOutcome(Protocol):
+    ok: bool
+    output: str
+    error: str | None
+
+
+class Scenario(Protocol):
+    """What the loop needs from a scenario (the heist is the built-in one)."""
+
+    agents: tuple[str, ...]
+    total_steps: int
+
+    def view(self, state: State, run_id: str) -> AgentView: ...
+
+    def messages(self, view: AgentView) -> list[dict[str, str]]: ...
+
+    def tool_calls(self, text: str) -> list[tuple[str, str]]: ...
+
+    def run_tool(self, name: str, param: str) -> ToolOutcome: ...
+
+    def outcome(self, transcript: list[ChatLine]) -> dict[str, Any]: ...
+
+
+@dataclass
+class Overrides:
+    """What a forward run does differently from the plain policy (the do() operations)."""
+
+    forced_actions: dict[int, str] = field(default_factory=dict)
+    observations: dict[int, str] = field(default_factory=dict)
+    policy_from: tuple[int, Policy] | None = None
+
+
+@dataclass
+class EpisodeResult:
+    run_id: str
+    status: str
+    steps: int
+    outcome: dict[str, Any]
+    error: str | None = None
+    state: State | None = None
+
+
+StepCallback = Callable[[int, str, list[ev.Event]], None]
+
+
+def run_episode(
+    recorder: Recorder,
+    scenario: Scenario,
+    policy: Policy,
+    seed_for_step: Callable[[int], int],
+    transcript: list[ChatLine],
+    *,
+    overrides: Overrides | None = None,
+    control: ControlChannel | None = None,
+    clock: Clock | None = None,
+    on_step: StepCallback | None = None,
+    server: str | None = None,
+) -> EpisodeResult:
+    """Run from the recorder's current state to the end; returns the closed run's result.
+
+    `transcript` is the full public conversation before the current step (the state only keeps
+    a window); the outcome is scored on it."""
+    ov = overrides or Overrides()
+    clk = clock or SystemClock()
+    state = recorder.state
+    full = list(transcript)
+    structlog.contextvars.bind_contextvars(run_id=recorder.run_id)
+    try:
+        while state.step < scenario.total_steps:
+            k = state.step
+            structlog.contextvars.bind_contextvars(step=k)
+            if control is not None and _handle_control(recorder, control) == "stop":
+                recorder.append([ev.RunEnded(status="stopped")])
+                log.info("run stopped by request")
+                return EpisodeResult(recorder.run_id, "stopped", k, {}, state=recorder.state)
+            active = policy
+            if ov.policy_from is not None and k >= ov.policy_from[0]:
+                active = ov.policy_from[1]
+            view = scenario.view(state, recorder.run_id)
+            messages = scenario.messages(view)
+            seed = seed_for_step(k)
+            forced = ov.forced_actions.get(k)
+            t0 = clk.monotonic()
+            if forced is not None:
+                completion = Completion(text=forced, model=FORCED_MODEL, finish_reason="forced")
+            else:
+                try:
+                    completion = active.decide(view, messages, seed)
+                except PolicyError as e:
+                    _fail_step(recorder, view, messages, seed, active, str(e), server)
+                    log.error("policy failed", error=str(e))
+                    return EpisodeResult(
+                        recorder.run_id, "failed", k, {}, error=str(e), state=recorder.state
+                    )
+            latency_ms = (clk.monotonic() - t0) * 1000.0
+            events = _step_events(
+                scenario, view, messages, seed, completion, latency_ms, ov, k, server
+            )
+            state = recorder.append(events)
+            full.append(ChatLine(step=k, agent=view.agent, text=completion.text))
+            log.debug("step recorded", agent=view.agent, events=len(events))
+            if on_step is not None:
+                on_step(k, view.agent, events)
+        outcome = scenario.outcome(full)
+        recorder.append([ev.RunEnded(status="completed", outcome=outcome)])
+        return EpisodeResult(
+            recorder.run_id, "completed", state.step, outcome, state=recorder.state
+        )
+    finally:
+        structlog.contextvars.unbind_contextvars("run_id", "step")
+
+
+def _step_events(
+    scenario: Scenario,
+    view: AgentView,
+    messages: list[dict[str, str]],
+    seed: int,
+    completion: Completion,
+    latency_ms: float,
+    ov: Overrides,
+    k: int,
+    server: str | None,
+) -> list[ev.Event]:
+    agent = view.agent
+    events: list[ev.Event] = [
+        ev.LlmCall(
+            step=k,
+            agent=agent,
+            request=messages,
+            seed=seed,
+            model=completion.model,
+            response=completion.text,
+            finish_reason=completion.finish_reason,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            system_fingerprint=completion.system_fingerprint,
+            latency_ms=round(latency_ms, 3),
+            server=server,
+        )
+    ]
+    replaced = ov.observations.get(k)
+    for i, (tool, param) in enumerate(scenario.tool_calls(completion.text)):
+        events.append(ev.ToolCall(step=k, agent=agent, tool=tool, param=param))
+        if replaced is not None and i == 0:
+            events.append(
+                ev.ToolResult(step=k, agent=agent, tool=tool, param=param, ok=True, output=replaced)
+            )
+            continue
+        result = scenario.run_tool(tool, param)
+        events.append(
+            ev.ToolResult(
+                step=k,
+                agent=agent,
+                tool=tool,
+                param=param,
+                ok=result.ok,
+                output=result.output,
+                error=result.error,
+            )
+        )
+    events.append(ev.ChatMessage(step=k, agent=agent, text=completion.text))
+    return events
+
+
+def _fail_step(
+    recorder: Recorder,
+    view: AgentView,
+    messages: list[dict[str, str]],
+    seed: int,
+    policy: Policy,
+    error: str,
+    server: str | None,
+) -> None:
+    """Journal the request that failed and close the run as failed: nothing is lost."""
+    spec = getattr(policy, "model", policy.name)
+    recorder.append(
+        [
+            ev.LlmCall(
+                step=view.step,
+                agent=view.agent,
+                request=messages,
+                seed=seed,
+                model=str(spec),
+                response="",
+                finish_reason="error",
+                server=server,
+            ),
+            ev.RunEnded(status="failed", error=error),
+        ]
+    )
+
+
+def _handle_control(recorder: Recorder, control: ControlChannel) -> str | None:
+    """Journal pending control requests; block while paused. Returns "stop" to stop."""
+    requests = control.take()
+    paused = False
+    while True:
+        for action, reason in requests:
+            if action == "pause" and not paused:
+                recorder.append([ev.Control(action="pause", reason=reason)])
+                paused = True
+            elif action == "resume" and paused:
+                recorder.append([ev.Control(action="resume", reason=reason)])
+                paused = False
+            elif action == "stop":
+                recorder.append([ev.Control(action="stop", reason=reason)])
+                return "stop"
+        if not paused:
+            return None
+        requests = control.wait(timeout=0.5)
