@@ -400,7 +400,7 @@ def _progress(description: str, as_json: bool) -> Any:
         TimeElapsedColumn(),
         console=err,
         transient=True,
-        disable=as_json and not err.is_terminal,
+        disable=not err.is_terminal,
     )
 
 

@@ -1,0 +1,238 @@
+"""Record mode: the runtime journals every step, deterministically, and can be controlled."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import structlog
+from freezegun import freeze_time
+
+from engine import events as ev
+from engine.errors import ConfigError
+from engine.heist.session import accuse_run, record_heist
+from engine.journal import Journal
+from engine.logging import configure
+from engine.policies.base import AgentView, Completion
+from engine.policies.registry import make_policy
+from engine.policies.sim import SimPolicy, step_seed
+from engine.runtime.control import ControlChannel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def car(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "--journal", str(journal), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+@freeze_time("2026-05-01 12:00:00")
+def test_same_seed_byte_identical(tmp_path: Path) -> None:
+    """The same seed and config give byte-identical event payloads and hashes."""
+    rows = []
+    for name in ("a.db", "b.db"):
+        with Journal(tmp_path / name) as j:
+            r = record_heist(j, SimPolicy(), seed=11)
+            rows.append([(s.kind, s.payload, s.hash) for s in j.read(r.run_id)])
+    assert rows[0] == rows[1]
+    assert len(rows[0]) > 24 * 2
+
+
+def test_different_seeds_differ(tmp_path: Path) -> None:
+    """Different seeds give different runs (the policy really is stochastic)."""
+    with Journal(tmp_path / "j.db") as j:
+        a = record_heist(j, SimPolicy(), seed=1)
+        b = record_heist(j, SimPolicy(), seed=2)
+        ta = [s.payload for s in j.read(a.run_id) if s.kind == "chat_message"]
+        tb = [s.payload for s in j.read(b.run_id) if s.kind == "chat_message"]
+    assert ta != tb
+
+
+def test_every_step_is_journaled(tmp_path: Path) -> None:
+    """Each step has its LLM call (request, seed), each tool call its result, and a message."""
+    with Journal(tmp_path / "j.db") as j:
+        r = record_heist(j, SimPolicy(), seed=5, rounds=3)
+        events = [s.event for s in j.read(r.run_id)]
+    assert isinstance(events[0], ev.RunStarted) and isinstance(events[-1], ev.RunEnded)
+    assert r.steps == 18
+    for k in range(18):
+        mine = [e for e in events if e.step == k and not isinstance(e, ev.Intervention)]
+        call, *middle, msg = mine
+        assert isinstance(call, ev.LlmCall) and call.seed == step_seed(5, k)
+        assert call.request and call.request[0]["role"] == "system"
+        assert isinstance(msg, ev.ChatMessage) and msg.text == call.response
+        calls = [e for e in middle if isinstance(e, ev.ToolCall)]
+        results = [e for e in middle if isinstance(e, ev.ToolResult)]
+        assert [(c.tool, c.param) for c in calls] == [(x.tool, x.param) for x in results]
+    outcome = events[-1].outcome  # type: ignore[union-attr]
+    assert set(outcome) >= {"bad", "score", "reasons", "plan"}
+
+
+def test_mole_secret_only_in_its_own_prompt(tmp_path: Path) -> None:
+    """The mole's instructions reach only the mole's system prompt, from its first turn."""
+    with Journal(tmp_path / "j.db") as j:
+        r = record_heist(j, SimPolicy(), seed=3, mole="hacker", strategy="FALSE_INFO")
+        calls = [s.event for s in j.read(r.run_id) if s.kind == "llm_call"]
+    for c in calls:
+        system = c.request[0]["content"]  # type: ignore[union-attr]
+        assert ("SECRET" in system) == (c.agent == "hacker")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["TIMING_ERRORS", "FALSE_INFO", "COORDINATION_CHAOS", "SUBTLE_DELAYS", "WRONG_TOOLS"],
+)
+def test_each_strategy_records(tmp_path: Path, strategy: str) -> None:
+    """Every strategy records a complete heist with the mole's assignment journaled."""
+    with Journal(tmp_path / "j.db") as j:
+        r = record_heist(j, SimPolicy(), seed=9, strategy=strategy)
+        secret = [s.event for s in j.read(r.run_id) if s.kind == "mole_assigned"]
+    assert r.status == "completed"
+    assert secret[0].strategy == strategy  # type: ignore[union-attr]
+
+
+def test_bad_strategy_and_mole_fail_loudly(tmp_path: Path) -> None:
+    """A misspelled strategy or an unknown mole agent is a ConfigError listing valid values."""
+    with Journal(tmp_path / "j.db") as j:
+        with pytest.raises(ConfigError, match="valid strategies: TIMING_ERRORS"):
+            record_heist(j, SimPolicy(), seed=1, strategy="FALSE_INFOS")
+        with pytest.raises(ConfigError, match="agents are: planner"):
+            record_heist(j, SimPolicy(), seed=1, mole="nobody")
+        assert j.runs() == []
+
+
+class _Signalling:
+    """A real sim policy that fires control requests when given steps are reached."""
+
+    name = "sim"
+
+    def __init__(self, control: ControlChannel, at: dict[int, list[str]]) -> None:
+        self.inner = SimPolicy()
+        self.control = control
+        self.at = at
+
+    def decide(self, view: AgentView, messages: list[dict[str, str]], seed: int) -> Completion:
+        for action in self.at.get(view.step, []):
+            self.control.request(action, "test")
+        return self.inner.decide(view, messages, seed)
+
+
+def test_pause_resume_stop(tmp_path: Path) -> None:
+    """Pause, resume and stop are journaled where they took effect; stop closes the run."""
+    control = ControlChannel()
+    policy = _Signalling(control, {2: ["pause"], 5: ["stop"]})
+    result: dict[str, object] = {}
+
+    def play() -> None:
+        with Journal(tmp_path / "j.db") as j:
+            result["r"] = record_heist(j, policy, seed=4, control=control)
+
+    t = threading.Thread(target=play)
+    t.start()
+    t.join(timeout=1.0)
+    assert t.is_alive(), "the run should be paused"
+    control.request("resume", "test")
+    t.join(timeout=30)
+    r = result["r"]
+    with Journal(tmp_path / "j.db") as j:
+        events = [s.event for s in j.read(r.run_id)]  # type: ignore[attr-defined]
+        assert j.status(r.run_id) == "stopped"  # type: ignore[attr-defined]
+    controls = [(e.action, i) for i, e in enumerate(events) if isinstance(e, ev.Control)]
+    assert [a for a, _ in controls] == ["pause", "resume", "stop"]
+    last_steps = [e.step for e in events if isinstance(e, ev.ChatMessage)]
+    assert last_steps == list(range(6))
+    assert isinstance(events[-1], ev.RunEnded) and events[-1].status == "stopped"
+
+
+def test_logs_bind_run_and_step(tmp_path: Path) -> None:
+    """structlog lines carry the run id and the step."""
+    configure("DEBUG")
+    try:
+        with (
+            structlog.testing.capture_logs(
+                processors=[structlog.contextvars.merge_contextvars]
+            ) as logs,
+            Journal(tmp_path / "j.db") as j,
+        ):
+            r = record_heist(j, SimPolicy(), seed=2, rounds=1)
+    finally:
+        configure("WARNING")
+    recorded = [x for x in logs if x.get("event") == "step recorded"]
+    assert len(recorded) == 6
+    assert {x["run_id"] for x in recorded} == {r.run_id}
+    assert [x["step"] for x in recorded] == list(range(6))
+
+
+def test_custom_crew_adds_an_agent(tmp_path: Path) -> None:
+    """Adding an agent to the YAML adds it to the game."""
+    cfg = tmp_path / "crew.yaml"
+    cfg.write_text(
+        "agents:\n"
+        "  - {name: planner, role: boss, goal: plan it, tools: [calculator]}\n"
+        "  - {name: hacker, role: tech, goal: cameras, tools: [file_reader]}\n"
+        "  - {name: forger, role: papers, goal: fake ids, tools: [file_reader]}\n"
+    )
+    res = car(tmp_path / "j.db", "heist", "--config", str(cfg), "--rounds", "2", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["agents"] == ["planner", "hacker", "forger"] and data["steps"] == 6
+    assert set(data) >= {"run_id", "agents", "steps", "outcome"}
+    assert set(data["outcome"]) >= {"bad", "score", "reasons"}
+
+
+def test_malformed_config_one_line(tmp_path: Path) -> None:
+    """Malformed YAML gives one error line naming the line, and records nothing."""
+    cfg = tmp_path / "crew.yaml"
+    cfg.write_text("agents:\n  - name: planner\n    tools: [calculator\n")
+    res = car(tmp_path / "j.db", "heist", "--config", str(cfg))
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "line" in lines[0]
+
+
+def test_accuse_verdicts(tmp_path: Path) -> None:
+    """SUCCESS names the mole, FAILURE a wrong agent, BUSTED nobody; each is journaled once."""
+    j = tmp_path / "j.db"
+    verdicts = {}
+    for suspect in ("hacker", "driver", None):
+        res = car(j, "heist", "--seed", "8", "--mole", "hacker", "--json")
+        run = json.loads(res.stdout)["run_id"]
+        args = ["accuse", run] + ([suspect] if suspect else []) + ["--json"]
+        out = json.loads(car(j, *args).stdout)
+        assert out["mole"] == "hacker"
+        verdicts[suspect] = out["verdict"]
+        again = car(j, "accuse", run, "planner")
+        assert again.returncode == 1 and "already accused" in again.stderr
+    assert verdicts == {"hacker": "SUCCESS", "driver": "FAILURE", None: "BUSTED"}
+    with Journal(j) as journal:
+        declared = [
+            s.event
+            for r in journal.runs()
+            for s in journal.read(r.run_id)
+            if s.kind == "suspicion_declared"
+        ]
+    assert [d.verdict for d in declared] == ["SUCCESS", "FAILURE", "BUSTED"]  # type: ignore[attr-defined]
+
+
+def test_accuse_unknown_agent(tmp_path: Path) -> None:
+    """Accusing an agent that is not in the crew is a clear error, nothing journaled."""
+    with Journal(tmp_path / "j.db") as j:
+        r = record_heist(j, SimPolicy(), seed=1, rounds=1)
+        head = j.head(r.run_id)
+        with pytest.raises(ConfigError, match="'zorro'"):
+            accuse_run(j, r.run_id, "zorro")
+        assert j.head(r.run_id) == head
+
+
+def test_unknown_policy_lists_valid() -> None:
+    """A misspelled policy name fails loudly listing the valid ones."""
+    with pytest.raises(ConfigError, match="sim, sim-honest, openai"):
+        make_policy({"name": "simm"})
