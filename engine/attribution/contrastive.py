@@ -46,6 +46,7 @@ measures both.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from enum import StrEnum
@@ -53,7 +54,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtri
 
 from engine.attribution.base import ForwardModel, ForwardRequest, Progress, report_progress
 from engine.errors import ConfigError
@@ -148,9 +149,10 @@ class ContrastiveResult(msgspec.Struct, frozen=True):
         }
 
 
+@functools.lru_cache(maxsize=1024)
 def z_value(alpha: float) -> float:
     """The two-sided normal quantile for level 1 - alpha."""
-    return float(norm.ppf(1 - alpha / 2))
+    return float(ndtri(1 - alpha / 2))
 
 
 def wilson(bad: int, n: int, alpha: float) -> tuple[float, float]:
@@ -171,9 +173,10 @@ def wilson(bad: int, n: int, alpha: float) -> tuple[float, float]:
     return (lo, hi)
 
 
+@functools.lru_cache(maxsize=64)
 def adaptive_schedule(
     confidence: float, target_half_width: float, batch: int, max_runs: int
-) -> list[Look]:
+) -> tuple[Look, ...]:
     """The pre-specified looks of one adaptively scanned step; their alphas sum to 1-confidence.
 
     Quick look at `batch` runs (5% of alpha); settle look where a step without any rescue
@@ -198,7 +201,7 @@ def adaptive_schedule(
         else:
             looks.append(Look(n=n, alpha=a))
         previous = n
-    return looks
+    return tuple(looks)
 
 
 def _runs_for_half_width(target: float, alpha: float, worst_case: bool) -> int:

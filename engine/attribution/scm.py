@@ -81,9 +81,12 @@ def _mix64(z: U64Array) -> U64Array:
     return z ^ (z >> np.uint64(31))
 
 
-def seeds_array(seeds: Iterable[int]) -> U64Array:
+def seeds_array(seeds: Sequence[int]) -> U64Array:
     """Branch seeds as unsigned 64-bit words (negative or huge ints wrap modulo 2^64)."""
-    return np.fromiter((s & _MASK64 for s in seeds), dtype=np.uint64)
+    try:
+        return np.array(seeds, dtype=np.uint64).reshape(-1)
+    except OverflowError:
+        return np.array([s & _MASK64 for s in seeds], dtype=np.uint64).reshape(-1)
 
 
 def uniforms(seeds: U64Array, step: int) -> FloatArray:
@@ -142,17 +145,25 @@ class SCM:
 
     def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
         """Run every request forward in one vectorised pass; True = the run ended bad."""
-        keep = np.zeros((len(requests), self.n_steps), dtype=np.bool_)
-        for i, request in enumerate(requests):
-            for j in request.keep:
-                if not 0 <= j < self.n_steps:
-                    raise InterventionError(
-                        f"model {self.name!r} has steps 0..{self.n_steps - 1}, "
-                        f"a request keeps step {j!r}"
-                    )
-                keep[i, j] = True
-        bad = self.simulate(keep, seeds_array(r.branch_seed for r in requests))
-        return [bool(b) for b in bad]
+        masks: dict[frozenset[int], int] = {}  # batches repeat few keep sets: convert each once
+        rows = []
+        for request in requests:
+            mask = masks.get(request.keep)
+            if mask is None:
+                mask = masks[request.keep] = self._keep_mask(request.keep)
+            rows.append(mask)
+        bits = np.array(rows, dtype=np.int64).reshape(-1, 1) >> np.arange(self.n_steps)
+        seeds = seeds_array([r.branch_seed for r in requests])
+        return self.simulate((bits & 1).astype(np.bool_), seeds).tolist()
+
+    def _keep_mask(self, keep: frozenset[int]) -> int:
+        for j in keep:
+            if not 0 <= j < self.n_steps:
+                raise InterventionError(
+                    f"model {self.name!r} has steps 0..{self.n_steps - 1}, "
+                    f"a request keeps step {j!r}"
+                )
+        return sum(1 << j for j in keep)
 
     def simulate(self, keep: BoolArray, seeds: U64Array) -> BoolArray:
         """The vectorised core of run_batch: keep is (runs, steps), seeds is (runs,)."""

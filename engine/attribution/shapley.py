@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import t as student_t
+from scipy.special import stdtrit
 
 from engine.attribution.base import (
     ForwardModel,
@@ -246,20 +246,26 @@ def _pairs(
     that the forward runs never delivered.
     """
     m = len(group)
-    chains: list[np.ndarray] = []
-    for order in np.argsort(rng.random((pairs, m)), axis=1):
-        chains.append(order)
-        chains.append(order[::-1])
-    requests: list[ForwardRequest] = []
-    for order in chains:
-        shared = rng.integers(0, _SEED_BOUND, size=runs)
-        kept: set[int] = set()
-        for t in range(m + 1):
-            if t > 0:
-                kept.update(group[order[t - 1]].steps)
-            keep = frozenset(kept)
-            seeds = shared if crn else rng.integers(0, _SEED_BOUND, size=runs)
-            requests.extend(ForwardRequest(keep=keep, branch_seed=int(s)) for s in seeds)
+    orders = np.argsort(rng.random((pairs, m)), axis=1)
+    chains = np.empty((2 * pairs, m), dtype=np.int64)
+    chains[0::2] = orders
+    chains[1::2] = orders[:, ::-1]
+    # Seeds per (chain, coalition, run): one set per chain shared by its coalitions under CRN.
+    shape = (len(chains), 1 if crn else m + 1, runs)
+    seeds = np.broadcast_to(rng.integers(0, _SEED_BOUND, size=shape), (len(chains), m + 1, runs))
+    # Keep sets of each chain's coalitions as step bitmasks: players' steps are disjoint, so
+    # the running sum of their masks along the chain is the union.
+    player_masks = np.array([sum(1 << j for j in p.steps) for p in group], dtype=object)
+    prefix = np.zeros((len(chains), m + 1), dtype=object)
+    prefix[:, 1:] = np.cumsum(player_masks[chains], axis=1)
+    masks = np.repeat(prefix, runs, axis=1).ravel().tolist()
+    keeps = {
+        mask: frozenset(j for j in range(model.n_steps) if mask >> j & 1) for mask in set(masks)
+    }
+    requests = [
+        ForwardRequest(keep=keeps[mask], branch_seed=seed)
+        for mask, seed in zip(masks, seeds.reshape(-1).tolist(), strict=True)
+    ]
     outcomes = model.run_batch(requests)
     if len(outcomes) != len(requests):
         raise ConfigError(
@@ -267,10 +273,9 @@ def _pairs(
         )
     # v-hat of each chain's coalitions: (chains, m + 1)
     v = np.array(outcomes, dtype=np.float64).reshape(len(chains), m + 1, runs).mean(axis=2)
-    steps = np.diff(v, axis=1)  # the marginal of the player that joined at each position
     marginals = np.zeros((len(chains), m))
-    for c, order in enumerate(chains):
-        marginals[c, order] = steps[c]
+    # the player that joined at position t gets v(S_t) - v(S_t-1)
+    np.put_along_axis(marginals, chains, np.diff(v, axis=1), axis=1)
     return list((marginals[0::2] + marginals[1::2]) / 2)
 
 
@@ -284,7 +289,7 @@ def _values(group: list[Player], marginals: FloatArray, confidence: float) -> li
             out.append(PlayerValue(player.name, player.steps, phi, (-1.0, 1.0), None))
             continue
         sd = float(column.std(ddof=1))
-        half = float(student_t.ppf(1 - (1 - confidence) / 2, df=pairs - 1)) * sd / math.sqrt(pairs)
+        half = float(stdtrit(pairs - 1, 1 - (1 - confidence) / 2)) * sd / math.sqrt(pairs)
         ci = (max(-1.0, phi - half), min(1.0, phi + half))
         out.append(PlayerValue(player.name, player.steps, phi, ci, sd))
     return out
