@@ -1,0 +1,178 @@
+"""The contrastive estimator: intervals, the look schedule, modes, seeds and bookkeeping."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+
+from engine.attribution import ForwardRequest, builtin_models, contrastive, load_scm
+from engine.attribution.contrastive import adaptive_schedule, wilson
+from engine.attribution.scm import SCM
+from engine.errors import ConfigError
+
+MODELS = {m.name: m for m in builtin_models()}
+
+
+class Recording:
+    """A ForwardModel wrapper that keeps every request it was asked to run."""
+
+    def __init__(self, model: SCM) -> None:
+        self.model = model
+        self.requests: list[ForwardRequest] = []
+        self.batches = 0
+
+    @property
+    def n_steps(self) -> int:
+        return self.model.n_steps
+
+    @property
+    def step_agents(self) -> Sequence[str | None]:
+        return self.model.step_agents
+
+    @property
+    def step_labels(self) -> Sequence[str]:
+        return self.model.step_labels
+
+    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
+        self.requests.extend(requests)
+        self.batches += 1
+        return self.model.run_batch(requests)
+
+
+@pytest.mark.parametrize(("bad", "n"), [(0, 10), (3, 10), (10, 10), (50, 100), (99, 100), (1, 418)])
+@pytest.mark.parametrize("confidence", [0.95, 0.99])
+def test_wilson_matches_scipy(bad: int, n: int, confidence: float) -> None:
+    """The written-out Wilson interval equals scipy's binomtest(...).proportion_ci("wilson")."""
+    ours = wilson(bad, n, 1 - confidence)
+    ref = binomtest(bad, n).proportion_ci(confidence, method="wilson")
+    assert ours == pytest.approx((ref.low, ref.high), abs=1e-12)
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+@pytest.mark.parametrize("target", [0.02, 0.05, 0.1])
+def test_schedule_spends_exactly_alpha_and_reaches_the_target(
+    confidence: float, target: float
+) -> None:
+    """The looks' alphas add up to 1 - confidence; the last look meets the target in the worst
+    case and the settle look meets it for a step without rescues."""
+    looks = adaptive_schedule(confidence, target, 16, 100_000)
+    assert sum(look.alpha for look in looks) == pytest.approx(1 - confidence)
+    assert [look.n for look in looks] == sorted({look.n for look in looks})
+    last = looks[-1]
+    lo, hi = wilson(last.n // 2, last.n, last.alpha)
+    assert (hi - lo) / 2 <= target
+    settle = looks[-2]
+    lo, hi = wilson(settle.n, settle.n, settle.alpha)
+    assert (hi - lo) / 2 <= target
+
+
+def test_fixed_mode_spends_k_runs_per_step_with_shared_seeds() -> None:
+    """FIXED: k runs per step, keep = steps before k, run i of every step on one branch seed."""
+    model = Recording(MODELS["refund_pivot"])
+    result = contrastive(model, rng=np.random.default_rng(7), mode="fixed", k=40)
+    assert result.forward_runs == 3 * 40 == len(model.requests)
+    assert [s.n for s in result.steps] == [40, 40, 40]
+    by_step = [model.requests[40 * k : 40 * (k + 1)] for k in range(3)]
+    for k, requests in enumerate(by_step):
+        assert all(r.keep == frozenset(range(k)) for r in requests)
+    assert [r.branch_seed for r in by_step[0]] == [r.branch_seed for r in by_step[2]]
+    assert len({r.branch_seed for r in by_step[0]}) == 40
+
+
+def test_without_crn_each_step_draws_its_own_seeds() -> None:
+    """crn=False: the steps' branch seeds are independent draws."""
+    model = Recording(MODELS["refund_pivot"])
+    contrastive(model, rng=np.random.default_rng(7), mode="fixed", k=40, crn=False)
+    seeds = [{r.branch_seed for r in model.requests[40 * k : 40 * (k + 1)]} for k in range(3)]
+    assert not (seeds[0] & seeds[1] or seeds[1] & seeds[2])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_adaptive_mode_meets_the_target_where_the_locus_claim_rests(name: str) -> None:
+    """ADAPTIVE: the locus and every later step reach the target half-width; earlier steps
+    get only the minimum budget; the runs add up."""
+    model = Recording(MODELS[name])
+    result = contrastive(model, rng=np.random.default_rng(3), target_half_width=0.05, min_runs=16)
+    assert result.locus == MODELS[name].exact_locus()
+    assert result.locus is not None
+    for step in result.steps[result.locus :]:
+        assert step.half_width <= 0.05, step
+    for step in result.steps[: result.locus]:
+        assert step.n == 16 and step.phase == "minimum"
+    assert result.forward_runs == sum(s.n for s in result.steps) == len(model.requests)
+
+
+def test_adaptive_scan_shares_seeds_across_steps() -> None:
+    """ADAPTIVE with CRN: run i of every scanned step uses the same branch seed."""
+    model = Recording(MODELS["and_interaction"])
+    contrastive(model, rng=np.random.default_rng(11))
+    seeds: dict[frozenset[int], list[int]] = {}
+    for r in model.requests:
+        seeds.setdefault(r.keep, []).append(r.branch_seed)
+    first = [seeds[k] for k in sorted(seeds, key=len)]
+    shortest = min(len(s) for s in first)
+    assert all(s[:shortest] == first[0][:shortest] for s in first)
+
+
+def test_no_locus_when_no_step_can_rescue() -> None:
+    """A run that is bad whatever happens has no locus, in both modes."""
+    model = load_scm(
+        "name: doomed\nsteps:\n  - name: a\n    p: 0.5\n  - name: b\n    p: 0.5\n"
+        "bad: '1'\nfactual: [1, 1]\n"
+    )
+    assert model.exact_locus() is None
+    for mode in ("fixed", "adaptive"):
+        result = contrastive(model, rng=np.random.default_rng(1), mode=mode)
+        assert result.locus is None and result.locus_label is None
+        assert all(s.effect == 0 and s.ci[1] == 0 for s in result.steps)
+
+
+def test_progress_reports_runs_as_they_complete() -> None:
+    """progress(done, total) rises to the runs spent; total is known in FIXED mode only."""
+    calls: list[tuple[int, int | None]] = []
+    result = contrastive(
+        MODELS["refund_pivot"],
+        rng=np.random.default_rng(1),
+        mode="fixed",
+        k=50,
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
+    assert calls[-1] == (result.forward_runs, 150)
+    calls.clear()
+    result = contrastive(
+        MODELS["refund_pivot"],
+        rng=np.random.default_rng(1),
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    assert calls[-1] == (result.forward_runs, None)
+
+
+def test_result_to_dict_is_plain_data() -> None:
+    """to_dict() gives JSON-ready data with per-step effect, ci, n and the totals."""
+    result = contrastive(MODELS["and_interaction"], rng=np.random.default_rng(2))
+    data = msgspec.json.decode(msgspec.json.encode(result.to_dict()))
+    assert data["locus"] == 1 and data["locus_label"] == "skip_fraud_check"
+    assert data["forward_runs"] == sum(s["n"] for s in data["steps"])
+    assert set(data["steps"][0]) >= {"step", "label", "effect", "ci", "n", "excludes_zero"}
+    assert [s.step for s in result.ranked()] == [0, 1, 2]
+
+
+BAD_ARGUMENTS = [
+    ({"mode": "fixd"}, r"contrastive mode must be one of 'fixed', 'adaptive', got 'fixd'"),
+    ({"mode": "fixed", "k": 0}, r"k \(forward runs per step\) must be at least 1, got 0"),
+    ({"confidence": 1.0}, r"confidence must lie strictly between 0 and 1, got 1\.0"),
+    ({"target_half_width": 0.0}, r"target half-width must lie strictly between 0 and 0\.5"),
+    ({"min_runs": 0}, r"min_runs must be at least 1, got 0"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "match"), BAD_ARGUMENTS)
+def test_bad_arguments_fail_loudly(kwargs: dict[str, object], match: str) -> None:
+    """Misspelled modes and impossible settings are ConfigErrors saying what was expected."""
+    with pytest.raises(ConfigError, match=match):
+        contrastive(MODELS["refund_pivot"], rng=np.random.default_rng(0), **kwargs)  # type: ignore[arg-type]
