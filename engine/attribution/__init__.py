@@ -4,19 +4,34 @@ Estimators (`contrastive`, `shapley`) are generic over any `ForwardModel`; synth
 (`scm`) are forward models with exact ground truth, and `validate` compares the two.
 """
 
-from engine.attribution.base import ForwardModel, ForwardRequest, Player, players_of
-from engine.attribution.contrastive import ContrastiveResult, StepEffect, contrastive
-from engine.attribution.scm import SCM, builtin_models, find_model, load_scm
+from engine.attribution.base import (
+    ForwardModel,
+    ForwardRequest,
+    Player,
+    PlayersKind,
+    Progress,
+    players_of,
+)
+from engine.attribution.contrastive import (
+    ContrastiveMode,
+    ContrastiveResult,
+    StepEffect,
+    contrastive,
+)
+from engine.attribution.scm import SCM, builtin_models, find_model, load_scm, model_summary
 from engine.attribution.shapley import PlayerValue, ShapleyResult, shapley
 from engine.attribution.validate import ValidationReport, validate
 
 __all__ = [
     "SCM",
+    "ContrastiveMode",
     "ContrastiveResult",
     "ForwardModel",
     "ForwardRequest",
     "Player",
     "PlayerValue",
+    "PlayersKind",
+    "Progress",
     "ShapleyResult",
     "StepEffect",
     "ValidationReport",
@@ -24,6 +39,7 @@ __all__ = [
     "contrastive",
     "find_model",
     "load_scm",
+    "model_summary",
     "players_of",
     "shapley",
     "validate",
