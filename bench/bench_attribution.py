@@ -88,7 +88,7 @@ def main() -> None:
     k_formula = _runs_for_half_width(target, 0.05, worst_case=True)
 
     doc = __doc__ or ""
-    print(doc.split("Compared")[0].split("\n\n", 1)[1].strip())
+    print(doc[doc.index("Criterion") : doc.index("Compared")].strip())
     print(
         f"\nseeds per model: {args.seeds}; target half-width: {target}; "
         f"fixed K from the formula: {k_formula} per step\n"
@@ -136,23 +136,25 @@ def main() -> None:
 
     print("\nwhat common random numbers buy (fixed K = 100, 200 seeds)")
     print(
-        f"{'model':<16} {'sd locus effect CRN':>20} {'no CRN':>8} "
-        f"{'sd effect_L - effect_L+1 CRN':>29} {'no CRN':>8}   (L = the exact locus)"
+        f"{'model':<16} {'sd effect_L, CRN':>17} {'no CRN':>8} "
+        f"{'sd effect_L-1 - effect_L, CRN':>30} {'no CRN':>8}   (L = the exact locus)"
     )
     for model in builtin_models():
         locus = model.exact_locus()
-        assert locus is not None and locus + 1 < model.n_steps
-        k = locus
+        assert locus is not None
         single: dict[bool, list[float]] = {True: [], False: []}
         pair: dict[bool, list[float]] = {True: [], False: []}
         for s in range(200):
             for crn in (True, False):
                 r = contrastive(model, rng=np.random.default_rng(s), mode="fixed", k=100, crn=crn)
                 single[crn].append(r.steps[locus].effect)
-                pair[crn].append(r.steps[k].effect - r.steps[k + 1].effect)
+                if locus > 0:
+                    pair[crn].append(r.steps[locus - 1].effect - r.steps[locus].effect)
+        with_crn = f"{np.std(pair[True]):>30.4f}" if locus > 0 else f"{'(locus is step 0)':>30}"
+        without = f"{np.std(pair[False]):>8.4f}" if locus > 0 else f"{'':>8}"
         print(
-            f"{model.name:<16} {np.std(single[True]):>20.4f} {np.std(single[False]):>8.4f} "
-            f"{np.std(pair[True]):>29.4f} {np.std(pair[False]):>8.4f}"
+            f"{model.name:<16} {np.std(single[True]):>17.4f} {np.std(single[False]):>8.4f} "
+            f"{with_crn} {without}"
         )
     print(
         f"\n{'model':<16} {'Shapley mean CI half-width, CRN in chain':>42} {'no CRN':>8}"
