@@ -556,6 +556,183 @@ def fork_cmd(
     out.print("branches: " + " ".join(b.run_id for b in report.branches if b.run_id))
 
 
+# ----------------------------------------------------------------- attribution
+
+
+def _fmt_ci(ci: list[float] | tuple[float, float]) -> str:
+    return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+
+
+@app.command("validate")
+def validate_cmd(
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="SCM model files (YAML) to add to the built-ins.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the estimators.")] = 0,
+    k: Annotated[
+        int | None,
+        typer.Option("-k", min=1, help="Fixed K runs per step (the paper); default adaptive."),
+    ] = None,
+    budget: Annotated[
+        int, typer.Option("--budget", min=1, help="Shapley forward-run budget per model.")
+    ] = 4000,
+    players: Annotated[str, typer.Option("--players", help="steps | agents")] = "steps",
+    no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Only the given files.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run both estimators on synthetic causal models and compare with exact ground truth."""
+    from engine.attribution.scm import builtin_models, load_scm
+    from engine.attribution.validate import validate
+
+    models = [] if no_builtin else builtin_models()
+    models += [load_scm(f) for f in files or []]
+    if not models:
+        fail("no models to validate (give model files or drop --no-builtin)")
+    with _progress("validating", as_json) as bar:
+        task = bar.add_task("forward runs", total=None)
+        reports = validate(
+            models,
+            seed,
+            k,
+            budget,
+            players=players,
+            progress=lambda done, _total: bar.update(task, completed=done),
+        )
+    if as_json:
+        emit_json([r.to_dict() for r in reports])
+    else:
+        for r in reports:
+            _print_validation(r.to_dict())
+    missed = [r.scm for r in reports if not r.ok]
+    if missed:
+        fail(f"estimates missed the exact ground truth on: {', '.join(missed)}")
+
+
+def _print_validation(d: dict[str, Any]) -> None:
+    status = "[green]ok[/]" if d["ok"] else "[red]MISSED[/]"
+    out.print(f"\n[bold]{d['scm']}[/] {status}: {d['description']}", highlight=False)
+    loc = d["locus"]
+    out.print(
+        f"  locus: estimated {loc['estimated_label']} vs exact {loc['exact_label']} "
+        f"({'right' if loc['ok'] else 'WRONG'}); {d['forward_runs']} forward runs "
+        f"({d['mode']} contrastive {d['contrastive_runs']}, shapley {d['shapley_runs']}"
+        + (", partial" if d["partial"] else "")
+        + ")",
+        highlight=False,
+    )
+    t = Table(box=None, header_style="bold")
+    for col in ("step", "effect", "95% CI", "n", "exact"):
+        t.add_column(col)
+    for c in d["contrastive"]:
+        t.add_row(
+            c["label"], f"{c['effect']:+.3f}", _fmt_ci(c["ci"]), str(c["n"]), f"{c['exact']:+.3f}"
+        )
+    out.print(t)
+    t = Table(box=None, header_style="bold")
+    for col in ("player", "phi", "95% CI", "exact", "covered"):
+        t.add_column(col)
+    for c in d["shapley"]:
+        t.add_row(
+            c["player"],
+            f"{c['phi']:.3f}",
+            _fmt_ci(c["ci"]),
+            f"{c['exact']:.3f}",
+            "yes" if c["covered"] else "[red]NO[/]",
+        )
+    out.print(t)
+    e = d["efficiency"]
+    out.print(
+        f"  efficiency: sum phi {e['estimated']:.3f} vs exact v(all)-v(none) {e['exact']:.3f} "
+        f"(estimated from runs {e['forward_runs_estimate']:.3f})",
+        highlight=False,
+    )
+
+
+@app.command("attribute")
+def attribute_cmd(
+    run_id: Annotated[str, typer.Argument(help="A completed, failed heist (id or prefix).")],
+    method: Annotated[str, typer.Option("--method", help="contrastive | shapley")] = "contrastive",
+    players: Annotated[str, typer.Option("--players", help="shapley: steps | agents")] = "steps",
+    k: Annotated[
+        int | None,
+        typer.Option("-k", min=1, help="contrastive: fixed K runs per step (default adaptive)."),
+    ] = None,
+    budget: Annotated[
+        int, typer.Option("--budget", min=1, help="shapley: forward-run budget.")
+    ] = 2000,
+    half_width: Annotated[
+        float, typer.Option("--half-width", help="contrastive adaptive: target CI half-width.")
+    ] = 0.1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the forward runs.")] = 0,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 1,
+    top: Annotated[int, typer.Option("--top", help="Rows of the ranked table.")] = 12,
+    as_json: JsonOpt = False,
+) -> None:
+    """Which step (or agent) caused the failure: counterfactual forward runs, ranked."""
+    from engine.attribution.heist_report import attribute_run
+
+    with open_journal(create=False) as j, _progress("attributing", as_json) as bar:
+        task = bar.add_task(f"{method} forward runs", total=None)
+        data = attribute_run(
+            j,
+            run_id,
+            method=method,
+            players=players,
+            k=k,
+            budget=budget,
+            seed=seed,
+            concurrency=concurrency,
+            half_width=half_width,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if as_json:
+        emit_json(data)
+        return
+    t = Table(box=None, header_style="bold")
+    if method == "contrastive":
+        for col in ("step", "agent", "effect", "95% CI", "n", "message"):
+            t.add_column(col, no_wrap=True, overflow="ellipsis")
+        for r in data["ranked"][:top]:
+            mark = " *" if r["step"] == data["locus"] else ""
+            t.add_row(
+                f"{r['step']}{mark}",
+                r["agent"] or "",
+                f"{r['effect']:+.3f}",
+                _fmt_ci(r["ci"]),
+                str(r["n"]),
+                views._clip(r["message"], 70),
+            )
+        out.print(t)
+        if data["locus"] is None:
+            out.print("causal locus: [bold]none[/] (no step's interval excludes zero)")
+        else:
+            out.print(
+                f"causal locus (point of commitment): [bold]step {data['locus']}[/] "
+                f"({data['locus_agent']}): {views._clip(data['locus_message'], 100)}",
+                highlight=False,
+            )
+    else:
+        for col in ("player", "agent", "phi", "95% CI", "message"):
+            t.add_column(col)
+        for r in data["ranked"][:top]:
+            t.add_row(
+                r["player"],
+                r["agent"] or "",
+                f"{r['phi']:+.3f}",
+                _fmt_ci(r["ci"]),
+                views._clip(r["message"] or "", 60),
+            )
+        out.print(t)
+        e = data["efficiency"]
+        out.print(
+            f"efficiency: sum phi {e['sum_phi']:.3f} vs v(all)-v(none) {e['difference']:.3f} "
+            f"{_fmt_ci(e['difference_ci'])}; {data['permutations']} permutations"
+            + (" [yellow](partial: budget reached)[/]" if data["partial"] else ""),
+            highlight=False,
+        )
+    out.print(f"forward runs spent: {data['forward_runs']}", highlight=False)
+
+
 def fail(message: str, code: int = 1) -> None:
     """One clean line on stderr (never wrapped) and a non-zero exit."""
     first = " ".join(message.split())
