@@ -35,6 +35,7 @@ MAX_TEXT_CHARS = 1000
 _FIELDS = ("name", "role", "goal", "tools")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 _STR = "tag:yaml.org,2002:str"
+_CORE_TAGS = frozenset({"str", "int", "float", "bool", "null", "seq", "map", "timestamp"})
 
 
 class AgentSpec(msgspec.Struct, frozen=True):
@@ -221,8 +222,9 @@ class _Validator:
 
 def _show(node: yaml.Node) -> str:
     """A short description of a node for error messages: the scalar itself, or its kind."""
-    if not node.tag.startswith("tag:yaml.org,2002:"):
-        return f"a value tagged {node.tag!r}"
+    std = "tag:yaml.org,2002:"
+    if not node.tag.startswith(std) or node.tag[len(std) :] not in _CORE_TAGS:
+        return f"a value tagged {node.tag.replace(std, '!!')!r}"
     if isinstance(node, yaml.ScalarNode):
         if node.tag == "tag:yaml.org,2002:null":
             return "nothing"
