@@ -7,15 +7,18 @@ import multiprocessing
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.errors import EngineError
 from engine.heist.tools import (
     MAX_CALLS_PER_MESSAGE,
     MAX_FILE_CHARS,
+    MAX_PARAM_CHARS,
     MAX_ROWS,
     Toolbox,
     ToolResult,
@@ -84,6 +87,23 @@ def test_parse_tool_calls_is_bounded() -> None:
     """At most MAX_CALLS_PER_MESSAGE calls are taken from one message."""
     text = "[TOOL:calculator:1+1]" * 1000
     assert len(parse_tool_calls(text)) == MAX_CALLS_PER_MESSAGE
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[TOOL:a:" * 200_000, "[TOOL:a:[" * 100_000, "[TOOL:a:'" * 100_000, "x" * 10**6],
+)
+def test_parse_tool_calls_is_cheap_on_hostile_text(text: str) -> None:
+    """Megabytes of unclosed openings are examined only up to the documented bounds."""
+    start = time.perf_counter()
+    assert parse_tool_calls(text) == []
+    assert time.perf_counter() - start < 1.0
+
+
+def test_overlong_parameter_is_not_a_call() -> None:
+    """A parameter longer than MAX_PARAM_CHARS does not make a call."""
+    assert parse_tool_calls(f"[TOOL:calculator:{'1' * (MAX_PARAM_CHARS + 1)}]") == []
+    assert len(parse_tool_calls(f"[TOOL:calculator:{'1' * MAX_PARAM_CHARS}]")) == 1
 
 
 @settings(max_examples=300, deadline=None)
@@ -353,6 +373,32 @@ def test_database_per_thread(tools: Toolbox) -> None:
 
 
 # --- the toolbox --------------------------------------------------------------------------
+
+
+def test_non_text_arguments(tools: Toolbox) -> None:
+    """A caller passing something other than text gets a failed result, not an exception."""
+    r = tools.run("calculator", None)  # type: ignore[arg-type]
+    assert not r.ok and r.error == "tool name and parameter must be text"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_shared_cache_folder_is_refused(tmp_path: Path, mode: int) -> None:
+    """A cache folder others can write to is refused: its files are the ground truth."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    with pytest.raises(EngineError, match="is not a private directory of this user"):
+        Toolbox(make_world(1), root=shared)
+
+
+def test_symlinked_cache_folder_is_refused(tmp_path: Path) -> None:
+    """A cache folder that is a symlink (possibly planted) is refused."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(EngineError, match="not a private directory"):
+        Toolbox(make_world(1), root=link)
 
 
 @pytest.mark.parametrize("name", ["shell", "", "Calculator", "file_reader ", "eval"])

@@ -10,8 +10,9 @@ Inside `param`, text in single or double quotes is taken literally (so a "]" in 
 does not end the call), and balanced square brackets nest. A quote that is never closed is an
 ordinary character. `param` may contain colons ("01:30"), newlines and quotes; surrounding
 whitespace is stripped. `[TOOL:name]` is a call with an empty parameter. Text that opens a call
-but never closes it is not a call. The prefix "[TOOL:" is case-sensitive. At most
-`MAX_CALLS_PER_MESSAGE` calls are taken from one message.
+but never closes it, or whose parameter runs past `MAX_PARAM_CHARS`, is not a call. The prefix
+"[TOOL:" is case-sensitive. At most `MAX_CALLS_PER_MESSAGE` calls are taken from one message,
+and only its first `MAX_CALL_OPENINGS` openings are examined, so hostile text costs little.
 
 Every tool faces untrusted input and answers with a `ToolResult`; no parameter makes `run` raise
 or change anything on disk. Results are deterministic for a given world and parameter, so a
@@ -34,12 +35,15 @@ from pathlib import Path, PurePosixPath
 
 import msgspec
 
+from engine.errors import EngineError
 from engine.heist.world import World, world_files, world_tables
 from engine.policies.base import Observation
 
 TOOL_NAMES: tuple[str, ...] = ("calculator", "file_reader", "database_query")
 
 MAX_CALLS_PER_MESSAGE = 16
+MAX_CALL_OPENINGS = 64
+MAX_PARAM_CHARS = 2000
 MAX_EXPRESSION_CHARS = 200
 MAX_NUMBER = 10**15
 MAX_FILE_CHARS = 4000
@@ -76,7 +80,9 @@ def parse_tool_calls(text: str) -> list[tuple[str, str]]:
     """All inline `[TOOL:name:param]` calls in `text`, in order, as (name, param) pairs."""
     calls: list[tuple[str, str]] = []
     pos = 0
-    while len(calls) < MAX_CALLS_PER_MESSAGE:
+    for _ in range(MAX_CALL_OPENINGS):
+        if len(calls) >= MAX_CALLS_PER_MESSAGE:
+            break
         start = text.find(_PREFIX, pos)
         if start < 0:
             break
@@ -104,7 +110,7 @@ def _param_end(text: str, i: int, *, quotes: bool) -> int | None:
     """Index of the "]" closing a parameter starting at i, or None if it never closes."""
     depth = 0
     quote = ""
-    n = len(text)
+    n = min(len(text), i + MAX_PARAM_CHARS + 1)
     while i < n:
         ch = text[i]
         if quote:
@@ -281,6 +287,7 @@ def materialise(world: World, root: Path | None = None) -> Path:
     """
     base = root if root is not None else cache_root()
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(base)
     final = base / world.content_hash().replace(":", "-")
     if (final / "complete").is_file():
         return final
@@ -294,13 +301,27 @@ def materialise(world: World, root: Path | None = None) -> Path:
         (tmp / "complete").write_text(world.content_hash() + "\n", encoding="utf-8")
         try:
             os.rename(tmp, final)
-        except OSError:
+        except OSError as e:
             if not (final / "complete").is_file():
-                raise
+                raise EngineError(
+                    f"heist folder {str(final)!r} exists but is incomplete; delete it"
+                ) from e
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _check_private(base: Path) -> None:
+    """Refuse a cache folder others could have planted or can write to: its files are the
+    ground truth the tools report."""
+    st = os.lstat(base)
+    owner_ok = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    if stat.S_ISLNK(st.st_mode) or not owner_ok or st.st_mode & 0o022:
+        raise EngineError(
+            f"heist cache folder {str(base)!r} is not a private directory of this user "
+            "(a symlink, another owner, or writable by others)"
+        )
 
 
 def _build_database(world: World, path: Path) -> None:
@@ -534,6 +555,8 @@ class Toolbox:
 
     def run(self, name: str, param: str) -> ToolResult:
         """Run tool `name` on `param`; every failure is a failed result, never an exception."""
+        if not isinstance(name, str) or not isinstance(param, str):
+            return _fail(str(name), str(param), "tool name and parameter must be text")
         if name == "calculator":
             return _run_calculator(param)
         if name == "file_reader":
