@@ -17,7 +17,7 @@ from scipy import stats
 from engine.errors import ConfigError
 from engine.heist.config import HeistConfig, load_agents_config, parse_agents_config
 from engine.heist.mole import Strategy
-from engine.heist.outcome import PLAN_KEYS, check_plan, plan_statements
+from engine.heist.outcome import PLAN_KEYS, check_plan, plan_statements, score_plan
 from engine.heist.sandbox import RANDOM, Playthrough, play_in_memory
 from engine.heist.tools import Toolbox, parse_tool_calls
 from engine.heist.world import World, make_world
@@ -440,3 +440,31 @@ def test_the_mole_speaks_like_everyone_else() -> None:
     view = _view(mole_strategy="WRONG_TOOLS")
     a, b = SimPolicy().decide(view, [], 2), SimPolicy().decide(_view(), [], 2)
     assert (a.model, a.finish_reason) == (b.model, b.finish_reason)
+
+
+# --- the sandbox --------------------------------------------------------------------------
+
+
+def test_sandbox_mole_selection() -> None:
+    """No mole and no strategy is an honest crew; either one alone draws the other from the
+    run seed; a named mole must be in the crew."""
+    honest = play_in_memory(2)
+    assert (honest.mole, honest.strategy) == (None, None)
+    named = play_in_memory(2, mole="driver")
+    assert named.mole == "driver" and named.strategy in set(Strategy)
+    fixed = play_in_memory(2, strategy="wrong_tools")
+    assert fixed.mole in CREW and fixed.strategy is Strategy.WRONG_TOOLS
+    both = play_in_memory(2, mole="intel", strategy=Strategy.FALSE_INFO)
+    assert (both.mole, both.strategy) == ("intel", Strategy.FALSE_INFO)
+    with pytest.raises(ConfigError, match="unknown agent 'zorro'"):
+        play_in_memory(2, mole="zorro")
+    with pytest.raises(ConfigError, match="unknown mole strategy"):
+        play_in_memory(2, strategy="CHAOS")
+
+
+def test_sandbox_game_shape() -> None:
+    """A default game is 24 steps in round-robin config order, scored on its transcript."""
+    game = play_in_memory(6, strategy=RANDOM)
+    assert [c.step for c in game.transcript] == list(range(24))
+    assert [c.agent for c in game.transcript] == list(CREW) * 4
+    assert game.outcome == score_plan(make_world(6), game.transcript)
