@@ -50,8 +50,20 @@ def _main(
             "Default: recordings/journal.db.",
         ),
     ] = None,
+    log_level: Annotated[
+        str,
+        typer.Option(
+            "--log-level",
+            envvar="CAR_LOG_LEVEL",
+            help="Engine log level on stderr (DEBUG, INFO, WARNING, ERROR, CRITICAL).",
+        ),
+    ] = "CRITICAL",
 ) -> None:
     _ctx.journal_target = journal
+    from engine.logging import configure
+
+    # the CLI's own output is the interface; engine logs are for debugging (CAR_LOG_LEVEL=INFO)
+    configure(log_level)
 
 
 def open_journal(create: bool = True) -> Journal:
@@ -252,18 +264,20 @@ def _policy_from_options(policy: str, base_url: str | None, model: str | None) -
 
 
 def _print_step(k: int, agent: str, events: list[Any]) -> None:
+    """Stream one step: the agent's message, then what its tool calls returned."""
     from engine import events as ev
 
+    for e in events:
+        if isinstance(e, ev.ChatMessage):
+            out.print(f"[bold cyan][{k:>2}] {agent}[/]: ", end="", highlight=False)
+            out.print(e.text, highlight=False, markup=False)
     for e in events:
         if isinstance(e, ev.ToolResult):
             shown = e.output if e.ok else f"FAILED: {e.error}"
             out.print(
-                f"      [dim]{e.tool}({e.param}) -> {views._clip(shown, 110)}[/]",
+                f"      [dim]-> {e.tool}({views._clip(e.param, 50)}): {views._clip(shown, 90)}[/]",
                 highlight=False,
             )
-        elif isinstance(e, ev.ChatMessage):
-            out.print(f"[bold cyan][{k:>2}] {agent}[/]: ", end="", highlight=False)
-            out.print(e.text, highlight=False, markup=False)
 
 
 @app.command("heist")
@@ -694,8 +708,9 @@ def attribute_cmd(
         return
     t = Table(box=None, header_style="bold")
     if method == "contrastive":
-        for col in ("step", "agent", "effect", "95% CI", "n", "message"):
-            t.add_column(col, no_wrap=True, overflow="ellipsis")
+        for col, width in (("step", 4), ("agent", 11), ("effect", 6), ("95% CI", 16), ("n", 4)):
+            t.add_column(col, no_wrap=True, min_width=width)
+        t.add_column("message", no_wrap=True, overflow="ellipsis", max_width=44)
         for r in data["ranked"][:top]:
             mark = " *" if r["step"] == data["locus"] else ""
             t.add_row(
@@ -716,8 +731,9 @@ def attribute_cmd(
                 highlight=False,
             )
     else:
-        for col in ("player", "agent", "phi", "95% CI", "message"):
-            t.add_column(col)
+        for col, width in (("player", 14), ("agent", 11), ("phi", 6), ("95% CI", 16)):
+            t.add_column(col, no_wrap=True, min_width=width)
+        t.add_column("message", no_wrap=True, overflow="ellipsis", max_width=40)
         for r in data["ranked"][:top]:
             t.add_row(
                 r["player"],

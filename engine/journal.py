@@ -539,14 +539,17 @@ class Journal:
 
     def status(self, run_id: str) -> str:
         """recording | paused | completed | stopped | failed, derived from the last events."""
-        last = self.last_event(run_id)
-        if last is None:
+        head = self.head(run_id)
+        # an accusation may follow RunEnded; look past it
+        for stored in reversed(list(self.read(run_id, max(0, head - 3), head))):
+            e = stored.event
+            if isinstance(e, ev.SuspicionDeclared):
+                continue
+            if isinstance(e, ev.RunEnded):
+                return e.status
+            if isinstance(e, ev.Control) and e.action == "pause":
+                return "paused"
             return "recording"
-        e = last.event
-        if isinstance(e, ev.RunEnded):
-            return e.status
-        if isinstance(e, ev.Control) and e.action == "pause":
-            return "paused"
         return "recording"
 
     # ------------------------------------------------------------- snapshots

@@ -13,6 +13,13 @@ _configured = False
 def configure(level: str = "WARNING") -> None:
     """Log key=value lines to stderr at `level`; safe to call more than once."""
     global _configured
+    name = level.upper()
+    if name not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        from engine.errors import ConfigError
+
+        raise ConfigError(
+            f"unknown log level {level!r}; expected DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -20,7 +27,7 @@ def configure(level: str = "WARNING") -> None:
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.dev.ConsoleRenderer(colors=False),
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, name)),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
