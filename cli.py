@@ -251,15 +251,22 @@ def verify_cmd(
 # ----------------------------------------------------------------- heist
 
 
-def _policy_from_options(policy: str, base_url: str | None, model: str | None) -> Any:
+def _policy_from_options(
+    policy: str, base_url: str | None, model: str | None, generation: dict[str, Any]
+) -> Any:
     from engine.policies.registry import make_policy
 
     spec: dict[str, Any] = {"name": policy}
+    given = {k: v for k, v in generation.items() if v is not None}
     if policy == "openai":
         spec["base_url"] = base_url or "http://localhost:1234/v1"
         spec["model"] = model or "local-model"
-    elif base_url or model:
-        raise typer.BadParameter("--base-url/--model only apply to --policy openai")
+        spec.update(given)
+    elif base_url or model or given:
+        raise typer.BadParameter(
+            "--base-url, --model, --max-tokens, --temperature and --timeout apply to "
+            "--policy openai only"
+        )
     return make_policy(spec)
 
 
@@ -298,6 +305,15 @@ def heist_cmd(
     model: Annotated[
         str | None, typer.Option("--model", help="Model name for --policy openai.")
     ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", min=1, help="openai: tokens per reply (160).")
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", min=0.0, help="openai: sampling (0.8).")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", min=0.1, help="openai: seconds per call (60).")
+    ] = None,
     mole: Annotated[str | None, typer.Option("--mole", help="Make this agent the mole.")] = None,
     strategy: Annotated[
         str | None, typer.Option("--strategy", help="Mole strategy, e.g. FALSE_INFO.")
@@ -315,7 +331,12 @@ def heist_cmd(
     from engine.heist.session import record_heist
     from engine.runtime.control import ControlChannel
 
-    pol = _policy_from_options(policy, base_url, model)
+    pol = _policy_from_options(
+        policy,
+        base_url,
+        model,
+        {"max_tokens": max_tokens, "temperature": temperature, "timeout": timeout},
+    )
     root_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
     control = ControlChannel()
     previous = signal.signal(signal.SIGINT, lambda *_: control.request("stop", "interrupted"))
@@ -761,14 +782,32 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def main() -> None:
-    """Entry point: run the app, turning engine errors into one clean line and exit 1."""
+    """Entry point: engine errors and usage errors become one clean line and a non-zero exit."""
+    try:  # typer vendors click in recent releases; older ones use click itself
+        from typer._click import exceptions as click_exc
+    except ImportError:  # pragma: no cover
+        from click import exceptions as click_exc  # type: ignore[no-redef]
+
     try:
-        app()
+        rv = app(standalone_mode=False)
+    except click_exc.NoArgsIsHelpError as e:
+        if e.ctx is not None:
+            out.print(e.ctx.get_help(), highlight=False, markup=False)
+        sys.exit(0)
+    except click_exc.UsageError as e:
+        hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        fail(e.format_message() + hint, code=2)
+    except click_exc.ClickException as e:
+        fail(e.format_message())
+    except typer.Abort:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
     except EngineError as e:
         fail(str(e))
     except KeyboardInterrupt:
-        err.print("interrupted", highlight=False)
+        sys.stderr.write("interrupted\n")
         sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

@@ -221,7 +221,11 @@ def llama_server(
     """Start ``llama_cpp.server`` on a free port; yield its OpenAI base URL (``.../v1``).
 
     One thread for prompt and generation keeps results independent of the machine's core
-    count, so that a request with a fixed ``seed`` gives the same text every time.
+    count, so that a request with a fixed ``seed`` gives the same text every time. A physical
+    batch of one token (``--n_ubatch 1``) keeps it so when the server reuses a cached prompt
+    prefix: it then re-evaluates only the prompt's last token, and a batch of one computes that
+    token's logits in a different floating-point order than a full-prompt batch, which changes
+    the sampled text of an identical request sent twice in a row.
     """
     model = model or smollm2_model_path()
     port = free_port()
@@ -236,6 +240,7 @@ def llama_server(
         "--n_ctx", str(n_ctx),
         "--n_threads", "1",
         "--n_threads_batch", "1",
+        "--n_ubatch", "1",
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

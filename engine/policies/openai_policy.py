@@ -5,6 +5,7 @@ server's fingerprint and the model name are journaled as the provenance of each 
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -82,6 +83,18 @@ class OpenAIPolicy:
             ) from e
         except oa.OpenAIError as e:
             raise PolicyError(f"LLM server {self.base_url!r} failed: {_clip(str(e))}") from e
+        except json.JSONDecodeError as e:  # a JSON content type whose body does not parse
+            raise PolicyError(
+                f"LLM server {self.base_url!r} answered with malformed JSON: {_clip(str(e))}"
+            ) from e
+        try:
+            return self._completion(resp)
+        except (AttributeError, TypeError, ValueError, IndexError) as e:
+            raise PolicyError(
+                f"LLM server {self.base_url!r} returned a malformed completion: {_clip(str(e))}"
+            ) from e
+
+    def _completion(self, resp: Any) -> Completion:
         choices = getattr(resp, "choices", None)
         if not choices or choices[0].message is None:
             raise PolicyError(f"LLM server {self.base_url!r} returned no choices")
