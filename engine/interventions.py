@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import hashlib
+import json
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,12 +23,12 @@ from engine import events as ev
 from engine.errors import ConfigError, EngineError, InterventionError, PolicyError
 from engine.heist.session import HeistScenario
 from engine.journal import Journal
-from engine.policies.base import Policy
+from engine.policies.base import ChatLine, Policy
 from engine.policies.registry import POLICY_NAMES, make_policy
 from engine.policies.sim import step_seed
 from engine.projections import conversation
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
-from engine.runtime.recorder import Recorder
+from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
 from engine.state import State, state_at_seq, step_seq
 
 
@@ -88,8 +91,6 @@ def iv_value(iv: Intervention) -> Any:
 
 def parse_intervention(op: str, k: int, value: str | None) -> Intervention:
     """Build an intervention from CLI-style text; errors name the op and what it needs."""
-    import json
-
     if op not in OPS:
         raise InterventionError(f"unknown operation {op!r}; expected one of: {', '.join(OPS)}")
     if op == "resample":
@@ -199,6 +200,52 @@ def validate(parent: ParentInfo, iv: Intervention) -> None:
             raise InterventionError(str(e)) from e
 
 
+class BranchBase(msgspec.Struct, frozen=True):
+    """What every branch forked at one step shares: where it forks, s_k, the conversation."""
+
+    fork_seq: int
+    state: State
+    prefix: tuple[ChatLine, ...]
+
+
+_bases: OrderedDict[tuple[str, str, int], BranchBase] = OrderedDict()
+_policies: dict[str, Policy] = {}
+_cache_lock = threading.Lock()
+
+
+def branch_base(journal: Journal, parent: ParentInfo, k: int) -> BranchBase:
+    """s_k and the prefix conversation of `parent`, computed once per process and cached:
+    an ended run's history before k never changes, and branches by the hundred share it."""
+    key = (journal.url, parent.run_id, k)
+    with _cache_lock:
+        hit = _bases.get(key)
+        if hit is not None:
+            _bases.move_to_end(key)
+            return hit
+    fork_seq = step_seq(journal, parent.run_id, k)
+    base = BranchBase(
+        fork_seq=fork_seq,
+        state=state_at_seq(journal, parent.run_id, fork_seq),
+        prefix=tuple(conversation(journal, parent.run_id, fork_seq)),
+    )
+    with _cache_lock:
+        _bases[key] = base
+        while len(_bases) > 256:
+            _bases.popitem(last=False)
+    return base
+
+
+def policy_for(spec: dict[str, Any]) -> Policy:
+    """One policy object per spec and process: policies are stateless given (view, seed), and
+    building an HTTP client per branch costs more CPU than a whole sim branch."""
+    key = json.dumps(spec, sort_keys=True, default=str)
+    with _cache_lock:
+        pol = _policies.get(key)
+        if pol is None:
+            pol = _policies[key] = make_policy(spec)
+        return pol
+
+
 def run_branch(
     journal: Journal,
     parent: ParentInfo,
@@ -214,19 +261,19 @@ def run_branch(
     `keep` forces the recorded action at later steps too (used by Shapley coalitions)."""
     validate(parent, iv)
     k = iv.k
-    fork_seq = step_seq(journal, parent.run_id, k)
-    s_k: State = state_at_seq(journal, parent.run_id, fork_seq)
+    base = branch_base(journal, parent, k)
+    s_k = base.state
     scenario = HeistScenario.from_state(s_k)
     spec = dict(s_k.policy)
     if policy_override:
         spec.update(policy_override)
-    policy: Policy = make_policy(spec)
-    prefix = conversation(journal, parent.run_id, fork_seq)
-    child = journal.fork(parent.run_id, fork_seq, label=label or f"do_{op_name(iv)}@{k}")
+    policy = policy_for(spec)
+    prefix = list(base.prefix)
+    child = journal.fork(parent.run_id, base.fork_seq, label=label or f"do_{op_name(iv)}@{k}")
     opening = ev.Intervention(
         step=k, op=op_name(iv), at=k, value=iv_value(iv), branch_seed=branch_seed
     )
-    recorder = Recorder(journal, child, s_k, fork_seq)
+    recorder = Recorder(journal, child, s_k, base.fork_seq, group_ms=DEFAULT_GROUP_MS)
     recorder.append([opening])
     overrides = Overrides(forced_actions=dict(keep or {}))
     match iv:
@@ -236,7 +283,7 @@ def run_branch(
             overrides.forced_actions[k] = parent.actions[k]
             overrides.observations[k] = iv.observation
         case DoPolicy():
-            overrides.policy_from = (k, make_policy(iv.policy))
+            overrides.policy_from = (k, policy_for(iv.policy))
         case DoContext():
             prefix = _edited(prefix, iv)
         case _:
@@ -382,16 +429,27 @@ def run_branches(
     else:
 
         async def main() -> None:
+            # an executor as wide as the bound: asyncio's default pool (cpus + 4 threads) would
+            # silently cap concurrency below what was asked for
+            loop = asyncio.get_running_loop()
             sem = asyncio.Semaphore(concurrency)
+            with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
 
-            async def one(i: int, s: BranchSpec) -> None:
-                async with sem:
-                    results[i] = await asyncio.to_thread(
-                        _branch_in, journal, parent, s.iv, s.branch_seed, s.keep, policy_override
-                    )
-                    tick()
+                async def one(i: int, s: BranchSpec) -> None:
+                    async with sem:
+                        results[i] = await loop.run_in_executor(
+                            pool,
+                            _branch_in,
+                            journal,
+                            parent,
+                            s.iv,
+                            s.branch_seed,
+                            s.keep,
+                            policy_override,
+                        )
+                        tick()
 
-            await asyncio.gather(*(one(i, s) for i, s in enumerate(specs)))
+                await asyncio.gather(*(one(i, s) for i, s in enumerate(specs)))
 
         asyncio.run(main())
     return [r for r in results if r is not None]

@@ -98,7 +98,7 @@ def apply(state: State, event: ev.Event) -> State:
                 ctx, secret=event.instructions, strategy=event.strategy
             )
             return _replace(state, seq=seq, contexts=contexts)
-        case ev.LlmCall():
+        case ev.LlmCall() | ev.FoldLlmCall():
             ctx = state.contexts.get(event.agent, AgentContext())
             contexts = dict(state.contexts)
             contexts[event.agent] = _replace(ctx, turns=ctx.turns + 1)
@@ -219,7 +219,7 @@ def state_at_seq(journal: Journal, run_id: str, seq: int, *, snapshots: bool = T
             base = decode_state(snap[1])
     s = base
     for stored in journal.read(run_id, base.seq, seq):
-        s = apply(s, stored.event)
+        s = apply(s, ev.decode_for_fold(stored.payload, stored.version))
         if snapshots and s.seq % SNAPSHOT_EVERY == 0:
             journal.put_snapshot(run_id, s.seq, FOLD_VERSION, encode_state(s))
     return s

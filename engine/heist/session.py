@@ -6,6 +6,7 @@ journal alone."""
 
 from __future__ import annotations
 
+import functools
 import random
 from importlib import metadata
 from pathlib import Path
@@ -29,13 +30,14 @@ from engine.policies.sim import step_seed
 from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
 from engine.runtime.episode import EpisodeResult, StepCallback, run_episode
-from engine.runtime.recorder import Recorder
+from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
 from engine.state import DEFAULT_CONTEXT_WINDOW, State
 
 DEFAULT_ROUNDS = 4
 SCENARIO = "heist"
 
 
+@functools.cache
 def engine_version() -> str:
     try:
         return metadata.version("causal-agent-replay")
@@ -156,7 +158,7 @@ def record_heist(
                 instructions=instructions(chosen_strategy),
             )
         )
-    recorder = Recorder(journal, run_id, State(), 0)
+    recorder = Recorder(journal, run_id, State(), 0, group_ms=DEFAULT_GROUP_MS)
     recorder.append(opening)
     return run_episode(
         recorder,

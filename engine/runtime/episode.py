@@ -136,6 +136,9 @@ def run_episode(
             recorder.run_id, "completed", state.step, outcome, state=recorder.state
         )
     finally:
+        # whatever ends the loop (the last step, a stop, a failure, an exception), every whole
+        # step recorded so far reaches the journal
+        recorder.flush()
         structlog.contextvars.unbind_contextvars("run_id", "step")
 
 
@@ -225,6 +228,7 @@ def _handle_control(recorder: Recorder, control: ControlChannel) -> str | None:
     paused = False
     while True:
         for action, reason in requests:
+            recorder.flush()
             if action == "pause" and not paused:
                 recorder.append([ev.Control(action="pause", reason=reason)])
                 paused = True
@@ -236,4 +240,5 @@ def _handle_control(recorder: Recorder, control: ControlChannel) -> str | None:
                 return "stop"
         if not paused:
             return None
+        recorder.flush()  # a paused run shows its pause in the journal while it waits
         requests = control.wait(timeout=0.5)
