@@ -236,3 +236,47 @@ def test_unknown_policy_lists_valid() -> None:
     """A misspelled policy name fails loudly listing the valid ones."""
     with pytest.raises(ConfigError, match="sim, sim-honest, openai"):
         make_policy({"name": "simm"})
+
+
+def test_killed_recording_keeps_whole_steps(tmp_path: Path) -> None:
+    """A heist process killed mid-run (group commit on) leaves only whole steps, chain intact."""
+    import os
+    import signal
+    import time
+
+    jp = tmp_path / "j.db"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "--journal",
+            str(jp),
+            "heist",
+            "--rounds",
+            "5000",
+            "--seed",
+            "1",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if jp.exists():
+            with Journal(jp) as j:
+                if j.runs() and j.steps(j.runs()[0].run_id) > 200:
+                    break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with Journal(jp) as j:
+        (run,) = j.runs()
+        events = [s.event for s in j.read(run.run_id)]
+        assert j.verify().ok
+        assert j.status(run.run_id) == "recording"
+    calls = {e.step for e in events if isinstance(e, ev.LlmCall)}
+    messages = {e.step for e in events if isinstance(e, ev.ChatMessage)}
+    assert calls == messages == set(range(len(calls))) and len(calls) > 200
