@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import sqlite3
 import statistics
@@ -43,44 +42,27 @@ except ModuleNotFoundError:  # run from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from engine import events as ev
 from engine.heist.config import HeistConfig, load_agents_config
-from engine.heist.mole import choose_mole, instructions
-from engine.heist.session import SCENARIO, HeistScenario, engine_version, record_heist
+from engine.heist.session import (
+    SCENARIO,
+    HeistScenario,
+    choose_heist_mole,
+    opening_events,
+    record_heist,
+)
 from engine.journal import Journal
 from engine.policies.base import AgentView, Completion, Policy
-from engine.policies.registry import make_policy, policy_spec
+from engine.policies.registry import make_policy
 from engine.policies.sim import step_seed
 from engine.runtime.clock import SystemClock
 from engine.runtime.episode import EpisodeResult, run_episode
 from engine.runtime.recorder import MemoryRecorder
-from engine.state import DEFAULT_CONTEXT_WINDOW, State, apply
+from engine.state import State, apply
 
 ROUNDS = 4
 TARGET_OVERHEAD = 1.5
 
 
 # ------------------------------------------------------------------ the two loops
-
-
-def opening_events(
-    scenario: HeistScenario, policy: Policy, seed: int, started_at: str
-) -> list[ev.Event]:
-    """RunStarted and MoleAssigned exactly as `record_heist` builds them (default options)."""
-    rng = random.Random(f"mole:{seed}")
-    mole, strategy = choose_mole(list(scenario.agents), rng, None)
-    return [
-        ev.RunStarted(
-            scenario=SCENARIO,
-            config=scenario.run_config(),
-            agents=list(scenario.agents),
-            policy=policy_spec(policy),
-            root_seed=seed,
-            engine_version=engine_version(),
-            started_at=started_at,
-            rounds=scenario.rounds,
-            context_window=DEFAULT_CONTEXT_WINDOW,
-        ),
-        ev.MoleAssigned(agent=mole, strategy=strategy.value, instructions=instructions(strategy)),
-    ]
 
 
 def record_memory(
@@ -90,7 +72,8 @@ def record_memory(
     scenario = HeistScenario(config, seed, rounds)
     clock = SystemClock()
     recorder = MemoryRecorder()
-    recorder.append(opening_events(scenario, policy, seed, clock.now_iso()))
+    mole = choose_heist_mole(scenario.agents, seed)
+    recorder.append(opening_events(scenario, policy, seed, clock.now_iso(), mole=mole))
     result = run_episode(recorder, scenario, policy, lambda k: step_seed(seed, k), [], clock=clock)
     return result, recorder, scenario
 

@@ -108,6 +108,45 @@ class HeistScenario:
         return msgspec.to_builtins(score_plan(self.world, transcript))  # type: ignore[no-any-return]
 
 
+def opening_events(
+    scenario: HeistScenario,
+    policy: Policy,
+    seed: int,
+    started_at: str,
+    *,
+    mole: tuple[str, Strategy] | None,
+    context_window: int = DEFAULT_CONTEXT_WINDOW,
+) -> list[ev.Event]:
+    """The run-level events a heist opens with: RunStarted, then the secret MoleAssigned."""
+    opening: list[ev.Event] = [
+        ev.RunStarted(
+            scenario=SCENARIO,
+            config=scenario.run_config(),
+            agents=list(scenario.agents),
+            policy=policy_spec(policy),
+            root_seed=seed,
+            engine_version=engine_version(),
+            started_at=started_at,
+            rounds=scenario.rounds,
+            context_window=context_window,
+        )
+    ]
+    if mole is not None:
+        opening.append(
+            ev.MoleAssigned(
+                agent=mole[0], strategy=mole[1].value, instructions=instructions(mole[1])
+            )
+        )
+    return opening
+
+
+def choose_heist_mole(
+    agents: tuple[str, ...], seed: int, strategy: Strategy | None = None
+) -> tuple[str, Strategy]:
+    """The mole and strategy a heist with this seed gets unless they are given."""
+    return choose_mole(list(agents), random.Random(f"mole:{seed}"), strategy)
+
+
 def record_heist(
     journal: Journal,
     policy: Policy,
@@ -133,31 +172,17 @@ def record_heist(
     if mole is not None and mole not in scenario.agents:
         raise ConfigError(f"unknown agent {mole!r} for --mole; agents are: {', '.join(cfg.names)}")
     strat = parse_strategy(strategy) if strategy is not None else None
-    rng = random.Random(f"mole:{seed}")
-    chosen, chosen_strategy = choose_mole(list(scenario.agents), rng, strat)
+    chosen, chosen_strategy = choose_heist_mole(scenario.agents, seed, strat)
     mole_agent = mole or chosen
     run_id = journal.create_run(SCENARIO, label=label)
-    opening: list[ev.Event] = [
-        ev.RunStarted(
-            scenario=SCENARIO,
-            config=scenario.run_config(),
-            agents=list(scenario.agents),
-            policy=policy_spec(policy),
-            root_seed=seed,
-            engine_version=engine_version(),
-            started_at=clk.now_iso(),
-            rounds=rounds,
-            context_window=context_window,
-        )
-    ]
-    if not no_mole:
-        opening.append(
-            ev.MoleAssigned(
-                agent=mole_agent,
-                strategy=chosen_strategy.value,
-                instructions=instructions(chosen_strategy),
-            )
-        )
+    opening = opening_events(
+        scenario,
+        policy,
+        seed,
+        clk.now_iso(),
+        mole=None if no_mole else (mole_agent, chosen_strategy),
+        context_window=context_window,
+    )
     recorder = Recorder(journal, run_id, State(), 0, group_ms=DEFAULT_GROUP_MS)
     recorder.append(opening)
     return run_episode(

@@ -154,22 +154,7 @@ def _step_events(
     server: str | None,
 ) -> list[ev.Event]:
     agent = view.agent
-    events: list[ev.Event] = [
-        ev.LlmCall(
-            step=k,
-            agent=agent,
-            request=messages,
-            seed=seed,
-            model=completion.model,
-            response=completion.text,
-            finish_reason=completion.finish_reason,
-            prompt_tokens=completion.prompt_tokens,
-            completion_tokens=completion.completion_tokens,
-            system_fingerprint=completion.system_fingerprint,
-            latency_ms=round(latency_ms, 3),
-            server=server,
-        )
-    ]
+    events: list[ev.Event] = [_llm_call(view, messages, seed, completion, latency_ms, server)]
     replaced = ov.observations.get(k)
     for i, (tool, param) in enumerate(scenario.tool_calls(completion.text)):
         events.append(ev.ToolCall(step=k, agent=agent, tool=tool, param=param))
@@ -204,21 +189,37 @@ def _fail_step(
     server: str | None,
 ) -> None:
     """Journal the request that failed and close the run as failed: nothing is lost."""
-    spec = getattr(policy, "model", policy.name)
+    model = str(getattr(policy, "model", policy.name))
+    failed = Completion(text="", model=model, finish_reason="error")
     recorder.append(
         [
-            ev.LlmCall(
-                step=view.step,
-                agent=view.agent,
-                request=messages,
-                seed=seed,
-                model=str(spec),
-                response="",
-                finish_reason="error",
-                server=server,
-            ),
+            _llm_call(view, messages, seed, failed, 0.0, server),
             ev.RunEnded(status="failed", error=error),
         ]
+    )
+
+
+def _llm_call(
+    view: AgentView,
+    messages: list[dict[str, str]],
+    seed: int,
+    completion: Completion,
+    latency_ms: float,
+    server: str | None,
+) -> ev.LlmCall:
+    return ev.LlmCall(
+        step=view.step,
+        agent=view.agent,
+        request=messages,
+        seed=seed,
+        model=completion.model,
+        response=completion.text,
+        finish_reason=completion.finish_reason,
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion.completion_tokens,
+        system_fingerprint=completion.system_fingerprint,
+        latency_ms=round(latency_ms, 3),
+        server=server,
     )
 
 
