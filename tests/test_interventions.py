@@ -329,3 +329,30 @@ def test_cli_fork_and_fidelity(tmp_path: Path) -> None:
     assert "@step 3 resample" in shown.stdout
     listed = json.loads(car("runs", "--all", "--json").stdout)
     assert sum(1 for r in listed if r["parent_run_id"] == run) == 12
+
+
+def test_replay_names_first_request_divergence(recorded: tuple[Journal, str]) -> None:
+    """When a recorded request differs from the rebuilt one, the check names the first step,
+    the message and the fields that differ; fidelity refuses to call that a replay."""
+    import msgspec
+
+    from engine.errors import ReplayDivergence
+
+    j, run = recorded
+    copy = j.create_run("heist")
+    events = [s.event for s in j.read(run)]
+    for i, e in enumerate(events):
+        if isinstance(e, ev.LlmCall) and e.step == 5:
+            request = [dict(m) for m in e.request]
+            request[-1]["content"] += " (edited)"
+            events[i] = msgspec.structs.replace(e, request=request)
+    j.append(copy, events, 0)
+    check = check_requests(j, copy)
+    assert not check.ok and check.first_divergence is not None
+    d = check.first_divergence
+    assert d["step"] == 5 and d["fields"] == ["content"]
+    assert isinstance(d["message_index"], int)
+    assert d["recorded"]["content"].endswith("(edited)")
+    assert not d["rebuilt"]["content"].endswith("(edited)")
+    with pytest.raises(ReplayDivergence, match="step 5"):
+        fidelity(j, copy)
