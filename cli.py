@@ -163,7 +163,7 @@ def show_cmd(
     if data.get("outcome"):
         o = data["outcome"]
         out.print(
-            f"[bold]outcome[/]: {'BAD' if o.get('bad') else 'OK'} score={o.get('score')}",
+            f"[bold]outcome[/]: {'BAD' if o.get('bad') else 'OK'} score={o.get('score', 0):.3f}",
             highlight=False,
         )
         for reason in o.get("reasons", []):
@@ -385,7 +385,7 @@ def heist_cmd(
         )
         if result.status == "completed":
             verdict = "[red]BAD: the plan would fail[/]" if outcome.get("bad") else "[green]OK[/]"
-            out.print(f"outcome: {verdict}  score={outcome.get('score')}", highlight=False)
+            out.print(f"outcome: {verdict}  score={outcome.get('score', 0):.3f}", highlight=False)
             for r in outcome.get("reasons", []):
                 out.print(f"  - {r}", highlight=False, markup=False)
             out.print(
