@@ -394,6 +394,9 @@ def heist_cmd(
             )
     if result.status == "failed":
         fail(f"run {result.run_id} failed and was closed in the journal: {result.error}")
+    if result.status == "stopped":
+        sys.stderr.write(f"stopped: run {result.run_id} was closed after {result.steps} steps\n")
+        raise SystemExit(130)
 
 
 @app.command("accuse")

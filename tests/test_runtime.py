@@ -280,3 +280,36 @@ def test_killed_recording_keeps_whole_steps(tmp_path: Path) -> None:
     calls = {e.step for e in events if isinstance(e, ev.LlmCall)}
     messages = {e.step for e in events if isinstance(e, ev.ChatMessage)}
     assert calls == messages == set(range(len(calls))) and len(calls) > 200
+
+
+def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
+    """SIGINT during `car heist` journals a stop and closes the run; whole steps only."""
+    import os
+    import signal
+    import time
+
+    jp = tmp_path / "j.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--journal", str(jp), "heist", "--rounds", "5000", "--quiet"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if jp.exists():
+            with Journal(jp) as j:
+                if j.runs() and j.steps(j.runs()[0].run_id) > 50:
+                    break
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().startswith("stopped: run")
+    with Journal(jp) as j:
+        (run,) = j.runs()
+        events = [s.event for s in j.read(run.run_id)]
+        assert j.status(run.run_id) == "stopped" and j.verify().ok
+    assert isinstance(events[-2], ev.Control) and events[-2].action == "stop"
+    assert isinstance(events[-1], ev.RunEnded) and events[-1].status == "stopped"
