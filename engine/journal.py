@@ -514,22 +514,28 @@ class Journal:
                     return int(row[0])
         return None
 
-    def steps(self, run_id: str) -> int:
-        """Number of agent steps in the run's history."""
-        last = None
+    def last_stepped(self, run_id: str) -> tuple[int, int] | None:
+        """(step, seq) of the last event that belongs to a step, None if there is none."""
         for seg in reversed(self.lineage(run_id)):
-            sql = "SELECT max(step) FROM events WHERE run_id = ? AND seq >= ?"
+            sql = (
+                "SELECT step, seq FROM events WHERE run_id = ? AND seq >= ?"
+                " AND step IS NOT NULL"
+            )
             args: list[Any] = [seg.run_id, seg.start]
             if seg.stop is not None:
                 sql += " AND seq < ?"
                 args.append(seg.stop)
             with self._read() as cur:
-                cur.execute(self._q(sql), args)
+                cur.execute(self._q(sql + " ORDER BY seq DESC LIMIT 1"), args)
                 row = cur.fetchone()
-            if row and row[0] is not None:
-                last = int(row[0])
-                break
-        return 0 if last is None else last + 1
+            if row is not None:
+                return int(row[0]), int(row[1])
+        return None
+
+    def steps(self, run_id: str) -> int:
+        """Number of agent steps in the run's history."""
+        last = self.last_stepped(run_id)
+        return 0 if last is None else last[0] + 1
 
     def last_event(self, run_id: str) -> StoredEvent | None:
         head = self.head(run_id)

@@ -240,20 +240,8 @@ def step_seq(journal: Journal, run_id: str, k: int) -> int:
 
 def _end_of_steps(journal: Journal, run_id: str) -> int:
     """Seq just after the last step's events (before a trailing RunEnded, if any)."""
-    head = journal.head(run_id)
-    last = journal.last_event(run_id)
-    if last is not None and last.kind in ("run_ended", "suspicion_declared"):
-        seq = head
-        for stored in _reverse_tail(journal, run_id, head):
-            if stored.step is not None:
-                return stored.seq + 1
-            seq = stored.seq
-        return seq
-    return head
-
-
-def _reverse_tail(journal: Journal, run_id: str, head: int, n: int = 8) -> list[Any]:
-    return list(reversed(list(journal.read(run_id, max(0, head - n), head))))
+    last = journal.last_stepped(run_id)
+    return 0 if last is None else last[1] + 1
 
 
 def state_at(journal: Journal, run_id: str, k: int, *, snapshots: bool = True) -> State:
