@@ -39,11 +39,9 @@ import os
 import random
 import shutil
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -53,11 +51,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-try:
-    from engine import events as ev
-except ModuleNotFoundError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from engine import events as ev
+from common import (
+    Row,
+    add_output_options,
+    emit,
+    environment,
+    loadavg,
+    median_time,
+    ms,
+    print_footer,
+    print_rows,
+    remove_db,
+    say,
+    verdict,
+    work_dir,
+)
+
+from engine import events as ev
 from engine.heist.session import HeistScenario, record_heist
 from engine.interventions import (
     DoResample,
@@ -81,35 +91,6 @@ OPENAI_CONCURRENCY = (1, 8, 32)
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def _ms(seconds: float) -> float:
-    return seconds * 1000.0
-
-
-def _say(quiet: bool, msg: str) -> None:
-    if not quiet:
-        print(msg, file=sys.stderr, flush=True)
-
-
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-def _median_time(fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _timed_fork_many(
@@ -150,7 +131,7 @@ def _rates(
             rates[c].append(done / dt)
             if after is not None:
                 after(c)
-            _say(quiet, f"  {label} rep {i + 1} c={c}: {plan[c]} branches in {dt:.2f} s")
+            say(quiet, f"  {label} rep {i + 1} c={c}: {plan[c]} branches in {dt:.2f} s")
     return rates
 
 
@@ -212,8 +193,7 @@ def _control_rate(
         )
     dt = time.perf_counter() - t0
     for cp in copies:
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(cp) + suffix).unlink(missing_ok=True)
+        remove_db(cp)
     return done / dt
 
 
@@ -248,7 +228,7 @@ def section_sim(work: Path, n: int, reps: int, quiet: bool) -> dict[str, Any]:
     for i in range(reps):
         for c in plan if i % 2 == 0 else reversed(plan):
             control[c].append(_control_rate(work, base, parent, iv, n, c, 5000 + i))
-            _say(quiet, f"  sim control rep {i + 1} c={c}: {control[c][-1]:.1f} runs/s")
+            say(quiet, f"  sim control rep {i + 1} c={c}: {control[c][-1]:.1f} runs/s")
     opens = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -271,9 +251,9 @@ def section_sim(work: Path, n: int, reps: int, quiet: bool) -> dict[str, Any]:
             }
             for c in plan
         ],
-        "one_branch_ms": _ms(one),
-        "one_branch_per_worker_ms": _ms(fixed),
-        "journal_open_ms": _ms(statistics.median(opens)),
+        "one_branch_ms": ms(one),
+        "one_branch_per_worker_ms": ms(fixed),
+        "journal_open_ms": ms(statistics.median(opens)),
         "pass": all(p["pass"] for p in scaling),
     }
 
@@ -496,7 +476,7 @@ def _branch_setup(j: Journal, run: str, k: int, seed: int) -> str:
 
 def section_open(work: Path, rounds: int, reps: int, quiet: bool) -> dict[str, Any]:
     with Journal(work / "long.db") as j:
-        _say(quiet, f"  recording a {rounds}-round sim heist ...")
+        say(quiet, f"  recording a {rounds}-round sim heist ...")
         t0 = time.perf_counter()
         rec = record_heist(j, make_policy({"name": "sim"}), seed=5, rounds=rounds)
         record_s = time.perf_counter() - t0
@@ -520,10 +500,10 @@ def section_open(work: Path, rounds: int, reps: int, quiet: bool) -> dict[str, A
                     t0 = time.perf_counter()
                     fn(name)
                     times[m][name].append(time.perf_counter() - t0)
-        parent_ms = _ms(_median_time(lambda: parent_info(j, run), 7))
+        parent_ms = ms(median_time(lambda: parent_info(j, run), 7))
 
     def summary(m: str) -> dict[str, Any]:
-        ms = {n: _ms(statistics.median(times[m][n])) for n in names}
+        at_ms = {n: ms(statistics.median(times[m][n])) for n in names}
         return {
             "points": [
                 {
@@ -531,11 +511,11 @@ def section_open(work: Path, rounds: int, reps: int, quiet: bool) -> dict[str, A
                     "k": ks[n],
                     "seq": seqs[n],
                     "folded_past_snapshot": seqs[n] % SNAPSHOT_EVERY,
-                    "ms": ms[n],
+                    "ms": at_ms[n],
                 }
                 for n in names
             ],
-            "spread": max(ms.values()) / min(ms.values()),
+            "spread": max(at_ms.values()) / min(at_ms.values()),
         }
 
     fork, opened, setup = summary("fork"), summary("open"), summary("setup")
@@ -561,8 +541,21 @@ def section_open(work: Path, rounds: int, reps: int, quiet: bool) -> dict[str, A
 # ------------------------------------------------------------------ report
 
 
+def _speedup_rows(part: str, points: Sequence[dict[str, Any]]) -> list[Row]:
+    """One row per concurrency above 1: its speed-up over c=1 and its efficiency."""
+    return [
+        (
+            f"{part}: speed-up c={p['concurrency']} / c=1, efficiency",
+            f"{p['speedup']:.2f}x, {p['efficiency']:.2f}",
+            f">= {p['target_efficiency']} x c",
+            verdict(p["pass"]),
+        )
+        for p in points[1:]
+    ]
+
+
 def print_table(res: dict[str, Any]) -> None:
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[Row] = []
     s = res.get("sim")
     if s is not None:
         for p in s["points"]:
@@ -575,15 +568,7 @@ def print_table(res: dict[str, Any]) -> None:
                     "",
                 )
             )
-        for p in s["points"][1:]:
-            rows.append(
-                (
-                    f"sim: speed-up c={p['concurrency']} / c=1, efficiency",
-                    f"{p['speedup']:.2f}x, {p['efficiency']:.2f}",
-                    f">= {p['target_efficiency']} x c",
-                    _verdict(p["pass"]),
-                )
-            )
+        rows.extend(_speedup_rows("sim", s["points"]))
         for p in s["control"]:
             rows.append(
                 (
@@ -626,15 +611,7 @@ def print_table(res: dict[str, Any]) -> None:
                     "",
                 )
             )
-        for p in o["points"][1:]:
-            rows.append(
-                (
-                    f"openai: speed-up c={p['concurrency']} / c=1, efficiency",
-                    f"{p['speedup']:.2f}x, {p['efficiency']:.2f}",
-                    f">= {p['target_efficiency']} x c",
-                    _verdict(p["pass"]),
-                )
-            )
+        rows.extend(_speedup_rows("openai", o["points"]))
     f = res.get("open")
     if f is not None:
         head = f"{f['steps']:,}-step run, {f['events']:,} events"
@@ -652,7 +629,7 @@ def print_table(res: dict[str, Any]) -> None:
                 "open: Journal.fork spread",
                 f"{f['fork']['spread']:.2f}x",
                 f"<= {f['fork']['target_spread']}x",
-                _verdict(f["fork"]["pass"]),
+                verdict(f["fork"]["pass"]),
             )
         )
         for p in f["open"]["points"]:
@@ -662,7 +639,7 @@ def print_table(res: dict[str, Any]) -> None:
                     f" (fold {p['folded_past_snapshot']} past snapshot)",
                     f"{p['ms']:.3f} ms",
                     f"<= {f['open']['target_ms']:g} ms",
-                    _verdict(p["ms"] <= f["open"]["target_ms"]),
+                    verdict(p["ms"] <= f["open"]["target_ms"]),
                 )
             )
         rows.append(("open: fork + state_at_seq spread", f"{f['open']['spread']:.2f}x", "", ""))
@@ -679,17 +656,9 @@ def print_table(res: dict[str, Any]) -> None:
         rows.append(
             ("open: parent_info (once per fork_many)", f"{f['parent_info_ms']:.1f} ms", "", "")
         )
-    w = [max(len(row[i]) for row in rows) for i in range(4)]
-    header = ("measure", "value", "target", "")
-    print(f"{header[0]:<{w[0]}}  {header[1]:>{w[1]}}  {header[2]}")
-    print("-" * (sum(w) + 8))
-    for row in rows:
-        print(f"{row[0]:<{w[0]}}  {row[1]:>{w[1]}}  {row[2]:<{w[2]}}  {row[3]}".rstrip())
-    env = res["env"]
-    print(
-        f"\npython {env['python']}, sqlite {env['sqlite']}, {env['cpus']} cpus,"
-        f" load average {env['loadavg_start']} -> {env['loadavg_end']}, {env['wall_s']:.0f} s;"
-        " throughput: best of repetitions (median beside it), latencies: medians"
+    print_rows(rows)
+    print_footer(
+        res["env"], "throughput: best of repetitions (median beside it), latencies: medians"
     )
 
 
@@ -711,8 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--only", choices=("sim", "openai", "open"), action="append", help="run only these parts"
     )
-    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    p.add_argument("--dir", default=None, help="parent of the temporary directory")
+    add_output_options(p)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
@@ -721,16 +689,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = args.json
     parts = args.only or ["sim", "openai", "open"]
 
-    load0 = _loadavg()
+    load0 = loadavg()
     t_start = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix="car-bench-fork-", dir=args.dir))
     res: dict[str, Any] = {}
-    try:
+    with work_dir("car-bench-fork-", args.dir) as work:
         if "sim" in parts:
-            _say(quiet, f"sim: {args.sim_branches} branches x {args.reps} reps per concurrency")
+            say(quiet, f"sim: {args.sim_branches} branches x {args.reps} reps per concurrency")
             res["sim"] = section_sim(work, args.sim_branches, args.reps, quiet)
         if "openai" in parts:
-            _say(quiet, f"openai: fake server with L = {args.latency:g} s")
+            say(quiet, f"openai: fake server with L = {args.latency:g} s")
             res["openai"] = section_openai(
                 work,
                 args.latency,
@@ -741,22 +708,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 quiet,
             )
         if "open" in parts:
-            _say(quiet, "open: fork and branch opening cost")
+            say(quiet, "open: fork and branch opening cost")
             res["open"] = section_open(work, args.long_rounds, args.open_reps, quiet)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    res["env"] = {
-        "python": sys.version.split()[0],
-        "sqlite": sqlite3.sqlite_version,
-        "cpus": os.cpu_count(),
-        "loadavg_start": load0,
-        "loadavg_end": _loadavg(),
-        "wall_s": time.perf_counter() - t_start,
-    }
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        print_table(res)
+    res["env"] = environment(
+        loadavg_start=load0, loadavg_end=loadavg(), wall_s=time.perf_counter() - t_start
+    )
+    emit(res, args.json, print_table)
     return 0
 
 

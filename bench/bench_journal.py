@@ -25,23 +25,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import shutil
 import sqlite3
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-try:
-    from engine import events as ev
-except ModuleNotFoundError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from engine import events as ev
+from common import (
+    DB_SUFFIXES,
+    Row,
+    add_output_options,
+    emit,
+    environment,
+    median_time,
+    ms,
+    print_footer,
+    print_rows,
+    remove_db,
+    say,
+    settle,
+    verdict,
+    work_dir,
+)
+
+from engine import events as ev
 from engine import state as st
 from engine.journal import Journal, chain_hash
 
@@ -149,41 +158,12 @@ def make_steps(n_steps: int, seed: int = 1) -> list[list[ev.Event]]:
 # ------------------------------------------------------------------ helpers
 
 
-def _ms(seconds: float) -> float:
-    return seconds * 1000.0
-
-
-def _median_time(fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _file_bytes(path: Path) -> int:
     return sum(
         Path(str(path) + suffix).stat().st_size
-        for suffix in ("", "-wal", "-shm")
+        for suffix in DB_SUFFIXES
         if Path(str(path) + suffix).exists()
     )
-
-
-def _settle() -> None:
-    """Flush dirty pages of earlier runs so their write-back does not land in a timed run."""
-    if hasattr(os, "sync"):
-        os.sync()
-
-
-def _remove_db(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
-
-
-def _say(quiet: bool, msg: str) -> None:
-    if not quiet:
-        print(msg, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ 1. append
@@ -279,13 +259,13 @@ def section_append(work: Path, n_steps: int, reps: int, quiet: bool) -> dict[str
         order = ("journal", "floor") if i % 2 == 0 else ("floor", "journal")
         for which in order:
             path = work / f"append-{which}-{i}.db"
-            _settle()
+            settle()
             if which == "journal":
                 journal_rates.append(bench_journal_append(path, steps))
             else:
                 floor_rates.append(bench_floor_append(path, steps))
-            _remove_db(path)
-            _say(quiet, f"  append rep {i + 1} {which}: done")
+            remove_db(path)
+            say(quiet, f"  append rep {i + 1} {which}: done")
     best_j, best_f = max(journal_rates), max(floor_rates)
     return {
         "steps": n_steps,
@@ -322,7 +302,7 @@ def build_big_run(j: Journal, n_events: int, quiet: bool) -> tuple[str, float, f
     for i, events in enumerate(steps, 1):
         head = j.append(run, events, expected_seq=head)
         if i % 10000 == 0:
-            _say(quiet, f"  appended {head:,} events")
+            say(quiet, f"  appended {head:,} events")
     dt = time.perf_counter() - t0
     return run, payload_bytes / head, dt, head
 
@@ -340,7 +320,7 @@ def section_run(work: Path, n_events: int, quiet: bool) -> dict[str, Any]:
     path = work / "big.db"
     j = Journal(path)
     try:
-        _say(quiet, f"  appending {n_events:,} events through Journal.append ...")
+        say(quiet, f"  appending {n_events:,} events through Journal.append ...")
         run, avg_payload, append_s, head = build_big_run(j, n_events, quiet)
         if head != n_events:
             raise SystemExit(f"appended {head} events, expected {n_events}")
@@ -362,7 +342,7 @@ def section_run(work: Path, n_events: int, quiet: bool) -> dict[str, Any]:
         }
 
         # 2. snapshots, then s_k
-        _say(quiet, "  building snapshots ...")
+        say(quiet, "  building snapshots ...")
         t0 = time.perf_counter()
         st.build_snapshots(j, run)
         out["build_snapshots_s"] = time.perf_counter() - t0
@@ -394,24 +374,24 @@ def section_run(work: Path, n_events: int, quiet: bool) -> dict[str, Any]:
         seqs = [10, n_events // 2, n_events - 10, *([worst] if worst > every else [])]
         recon = []
         for seq in seqs:
-            _say(quiet, f"  reconstructing s at seq {seq:,} ...")
+            say(quiet, f"  reconstructing s at seq {seq:,} ...")
             snap_state = st.state_at_seq(j, run, seq)
             plain_state = st.fold(e.event for e in j.read(run, 0, seq))
             if st.encode_state(snap_state) != st.encode_state(plain_state):
                 raise SystemExit(f"state_at_seq({seq}) disagrees with the plain fold")
-            snap_t = _median_time(lambda seq=seq: st.state_at_seq(j, run, seq), 21)
+            snap_t = median_time(lambda seq=seq: st.state_at_seq(j, run, seq), 21)
             plain_reps = 21 if seq <= 1000 else 3
-            plain_t = _median_time(
+            plain_t = median_time(
                 lambda seq=seq: st.fold(e.event for e in j.read(run, 0, seq)), plain_reps
             )
             recon.append(
                 {
                     "seq": seq,
                     "folded_past_snapshot": seq if seq < every else seq % every,
-                    "snapshot_ms": _ms(snap_t),
-                    "plain_fold_ms": _ms(plain_t),
+                    "snapshot_ms": ms(snap_t),
+                    "plain_fold_ms": ms(plain_t),
                     "plain_reps": plain_reps,
-                    "pass": _ms(snap_t) <= TARGET_STATE_MS,
+                    "pass": ms(snap_t) <= TARGET_STATE_MS,
                 }
             )
         snap_ms = [r["snapshot_ms"] for r in recon[:3]]
@@ -425,7 +405,7 @@ def section_run(work: Path, n_events: int, quiet: bool) -> dict[str, Any]:
         }
 
         # 4. fork
-        _say(quiet, "  forking ...")
+        say(quiet, "  forking ...")
         fork_seqs = [10, n_events - 10]
         reps = 200
         times: dict[int, list[float]] = {s: [] for s in fork_seqs}
@@ -437,7 +417,7 @@ def section_run(work: Path, n_events: int, quiet: bool) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 j.fork(run, s)
                 times[s].append(time.perf_counter() - t0)
-        fork_ms = {s: _ms(statistics.median(times[s])) for s in fork_seqs}
+        fork_ms = {s: ms(statistics.median(times[s])) for s in fork_seqs}
         spread = max(fork_ms.values()) / min(fork_ms.values())
         out["fork"] = {
             "statistic": "median",
@@ -455,14 +435,10 @@ def section_run(work: Path, n_events: int, quiet: bool) -> dict[str, Any]:
 # ------------------------------------------------------------------ report
 
 
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
 def print_table(res: dict[str, Any]) -> None:
     a, r = res["append"], res["run"]
     sz, rc, fk = r["size"], r["reconstruct"], r["fork"]
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[Row] = []
     rows.append(
         (
             f"append: Journal.append ({a['steps']:,} steps x 3, best of {a['reps']})",
@@ -484,7 +460,7 @@ def print_table(res: dict[str, Any]) -> None:
             "append: ratio journal / floor",
             f"{a['ratio']:.2f}",
             f">= {a['target_ratio']}",
-            _verdict(a["pass"]),
+            verdict(a["pass"]),
         )
     )
     rows.append(
@@ -510,7 +486,7 @@ def print_table(res: dict[str, Any]) -> None:
                 f" (median of {rc['reps']})",
                 f"{p['snapshot_ms']:.2f} ms",
                 f"<= {rc['target_ms']:g} ms",
-                _verdict(p["pass"]),
+                verdict(p["pass"]),
             )
         )
         rows.append(
@@ -528,7 +504,7 @@ def print_table(res: dict[str, Any]) -> None:
             "size: on disk per event, events only",
             f"{sz['bytes_per_event']:,.0f} B/ev ({sz['ratio']:.2f}x)",
             f"<= {sz['target_ratio']}x",
-            _verdict(sz["pass"]),
+            verdict(sz["pass"]),
         )
     )
     rows.append(
@@ -544,7 +520,7 @@ def print_table(res: dict[str, Any]) -> None:
             "size: on disk per event, with snapshots",
             f"{sz['bytes_per_event_with_snapshots']:,.0f} B/ev ({sz['ratio_with_snapshots']:.2f}x)",
             f"<= {sz['target_ratio']}x",
-            _verdict(sz["pass_with_snapshots"]),
+            verdict(sz["pass_with_snapshots"]),
         )
     )
     for p in fk["points"]:
@@ -561,20 +537,11 @@ def print_table(res: dict[str, Any]) -> None:
             "fork: spread between the two",
             f"{fk['spread']:.2f}x",
             f"<= {fk['target_spread']}x",
-            _verdict(fk["pass"]),
+            verdict(fk["pass"]),
         )
     )
-    w = [max(len(row[i]) for row in rows) for i in range(4)]
-    header = ("measure", "value", "target", "")
-    print(f"{header[0]:<{w[0]}}  {header[1]:>{w[1]}}  {header[2]}")
-    print("-" * (sum(w) + 8))
-    for row in rows:
-        print(f"{row[0]:<{w[0]}}  {row[1]:>{w[1]}}  {row[2]:<{w[2]}}  {row[3]}".rstrip())
-    env = res["env"]
-    print(
-        f"\npython {env['python']}, sqlite {env['sqlite']}, {env['cpus']} cpus;"
-        f" throughput: best of runs, latencies: medians"
-    )
+    print_rows(rows)
+    print_footer(res["env"], "throughput: best of runs, latencies: medians")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -582,28 +549,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=100_000, help="events in the big run (N)")
     p.add_argument("--append-steps", type=int, default=3000, help="steps per append run")
     p.add_argument("--reps", type=int, default=3, help="append runs of each kind")
-    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    p.add_argument("--dir", default=None, help="parent of the temporary directory")
+    add_output_options(p)
     args = p.parse_args(argv)
     quiet = args.json
 
-    work = Path(tempfile.mkdtemp(prefix="car-bench-", dir=args.dir))
-    try:
-        _say(quiet, f"append: {args.append_steps:,} steps x {args.reps} reps, alternating")
+    with work_dir("car-bench-", args.dir) as work:
+        say(quiet, f"append: {args.append_steps:,} steps x {args.reps} reps, alternating")
         res: dict[str, Any] = {"append": section_append(work, args.append_steps, args.reps, quiet)}
-        _say(quiet, f"run of {args.events:,} events")
+        say(quiet, f"run of {args.events:,} events")
         res["run"] = section_run(work, args.events, quiet)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    res["env"] = {
-        "python": sys.version.split()[0],
-        "sqlite": sqlite3.sqlite_version,
-        "cpus": os.cpu_count(),
-    }
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        print_table(res)
+    res["env"] = environment()
+    emit(res, args.json, print_table)
     return 0
 
 

@@ -24,23 +24,30 @@ per seed (seeds 1..S).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import sqlite3
 import statistics
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-try:
-    from engine import events as ev
-except ModuleNotFoundError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from engine import events as ev
+from common import (
+    Row,
+    add_output_options,
+    emit,
+    environment,
+    loadavg,
+    median_time,
+    print_footer,
+    print_rows,
+    remove_db,
+    say,
+    settle,
+    us,
+    verdict,
+    work_dir,
+)
+
+from engine import events as ev
 from engine.heist.config import HeistConfig, load_agents_config
 from engine.heist.session import (
     SCENARIO,
@@ -87,37 +94,6 @@ def record_journal(
 # ------------------------------------------------------------------ helpers
 
 
-def _settle() -> None:
-    """Flush dirty pages of earlier runs so their write-back does not land in a timed run."""
-    if hasattr(os, "sync"):
-        os.sync()
-
-
-def _say(quiet: bool, msg: str) -> None:
-    if not quiet:
-        print(msg, file=sys.stderr, flush=True)
-
-
-def _us(seconds: float) -> float:
-    return seconds * 1e6
-
-
-def _median_time(fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
 def _actions(events: Sequence[ev.Event]) -> list[str]:
     return [e.text for e in events if isinstance(e, ev.ChatMessage)]
 
@@ -150,7 +126,7 @@ def section_record(
     for i in range(reps):
         path = work / f"record-{i}.db"
         j = Journal(path)
-        _settle()
+        settle()
         tj = tm = 0.0
         try:
             for n, seed in enumerate(seeds):
@@ -167,11 +143,10 @@ def section_record(
                         raise SystemExit(f"seed {seed}: {which} run {r.status}: {r.error}")
         finally:
             j.close()
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
+        remove_db(path)
         journal_t.append(tj)
         memory_t.append(tm)
-        _say(quiet, f"  rep {i + 1}: journal {tj * 1000:.0f} ms, memory {tm * 1000:.0f} ms")
+        say(quiet, f"  rep {i + 1}: journal {tj * 1000:.0f} ms, memory {tm * 1000:.0f} ms")
 
     best_j, best_m = min(journal_t), min(memory_t)
     med_j, med_m = statistics.median(journal_t), statistics.median(memory_t)
@@ -191,9 +166,9 @@ def section_record(
         "memory_rep_s": memory_t,
         "ratio_best": ratio,
         "ratio_median": med_j / med_m,
-        "journal_us_per_step_best": _us(best_j / steps_per_rep),
-        "memory_us_per_step_best": _us(best_m / steps_per_rep),
-        "overhead_us_per_step_best": _us((best_j - best_m) / steps_per_rep),
+        "journal_us_per_step_best": us(best_j / steps_per_rep),
+        "memory_us_per_step_best": us(best_m / steps_per_rep),
+        "overhead_us_per_step_best": us((best_j - best_m) / steps_per_rep),
         "target_ratio": TARGET_OVERHEAD,
         "pass": ratio <= TARGET_OVERHEAD,
     }
@@ -275,7 +250,7 @@ def section_parts(work: Path, seeds: Sequence[int], rounds: int, passes: int) ->
         n_pass += 1
         path = work / f"parts-{n_pass}.db"
         with Journal(path) as j:
-            _settle()
+            settle()
             t0 = time.perf_counter()
             for groups in appends:
                 run = j.create_run(SCENARIO)
@@ -283,8 +258,7 @@ def section_parts(work: Path, seeds: Sequence[int], rounds: int, passes: int) ->
                 for group in groups:
                     head = j.append(run, group, head)
             append_times.append(time.perf_counter() - t0)
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
+        remove_db(path)
 
     append_times: list[float] = []
 
@@ -298,10 +272,10 @@ def section_parts(work: Path, seeds: Sequence[int], rounds: int, passes: int) ->
         ("view_render", render_pass),
         ("fold", fold_pass),
     ):
-        out[f"{name}_us_per_step"] = _us(_median_time(fn, passes) / steps)
+        out[f"{name}_us_per_step"] = us(median_time(fn, passes) / steps)
     for _ in range(passes):
         append_pass()
-    out["journal_append_us_per_step"] = _us(statistics.median(append_times) / steps)
+    out["journal_append_us_per_step"] = us(statistics.median(append_times) / steps)
     out["tools_us_per_call"] = out["tools_us_per_step"] * steps / n_tools if n_tools else 0.0
     return out
 
@@ -309,13 +283,9 @@ def section_parts(work: Path, seeds: Sequence[int], rounds: int, passes: int) ->
 # ------------------------------------------------------------------ report
 
 
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
 def print_table(res: dict[str, Any]) -> None:
     r, p = res["record"], res["parts"]
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[Row] = []
     head = f"{r['steps_per_rep']} steps = {len(r['seeds'])} heists x {r['agents']} x {r['rounds']}"
     rows.append((f"record: workload per repetition ({head})", f"{r['reps']} reps", "", ""))
     for which in ("journal", "memory"):
@@ -341,7 +311,7 @@ def print_table(res: dict[str, Any]) -> None:
             "record: overhead journal / memory (best)",
             f"{r['ratio_best']:.2f}x",
             f"<= {r['target_ratio']}x",
-            _verdict(r["pass"]),
+            verdict(r["pass"]),
         )
     )
     rows.append(
@@ -349,7 +319,7 @@ def print_table(res: dict[str, Any]) -> None:
             "        overhead journal / memory (median)",
             f"{r['ratio_median']:.2f}x",
             f"<= {r['target_ratio']}x",
-            _verdict(r["ratio_median"] <= r["target_ratio"]),
+            verdict(r["ratio_median"] <= r["target_ratio"]),
         )
     )
     rows.append(
@@ -376,17 +346,9 @@ def print_table(res: dict[str, Any]) -> None:
             )
         )
     rows.append(("parts: one tool call", f"{p['tools_us_per_call']:,.0f} us/call", "", ""))
-    w = [max(len(row[i]) for row in rows) for i in range(4)]
-    header = ("measure", "value", "target", "")
-    print(f"{header[0]:<{w[0]}}  {header[1]:>{w[1]}}  {header[2]}")
-    print("-" * (sum(w) + 8))
-    for row in rows:
-        print(f"{row[0]:<{w[0]}}  {row[1]:>{w[1]}}  {row[2]:<{w[2]}}  {row[3]}".rstrip())
-    env = res["env"]
-    print(
-        f"\npython {env['python']}, sqlite {env['sqlite']}, {env['cpus']} cpus,"
-        f" load average {env['loadavg_start']} -> {env['loadavg_end']};"
-        " steps/s: best and median of repetitions (verdict on best), parts: medians"
+    print_rows(rows)
+    print_footer(
+        res["env"], "steps/s: best and median of repetitions (verdict on best), parts: medians"
     )
 
 
@@ -396,32 +358,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per heist")
     p.add_argument("--reps", type=int, default=9, help="repetitions of journal and memory")
     p.add_argument("--passes", type=int, default=7, help="timed passes per part")
-    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    p.add_argument("--dir", default=None, help="parent of the temporary directory")
+    add_output_options(p)
     args = p.parse_args(argv)
     quiet = args.json
     seeds = list(range(1, args.seeds + 1))
 
-    load0 = _loadavg()
-    work = Path(tempfile.mkdtemp(prefix="car-bench-runtime-", dir=args.dir))
-    try:
-        _say(quiet, f"record: {len(seeds)} heists x {args.reps} reps, alternating")
+    load0 = loadavg()
+    with work_dir("car-bench-runtime-", args.dir) as work:
+        say(quiet, f"record: {len(seeds)} heists x {args.reps} reps, alternating")
         res: dict[str, Any] = {"record": section_record(work, seeds, args.rounds, args.reps, quiet)}
-        _say(quiet, "parts")
+        say(quiet, "parts")
         res["parts"] = section_parts(work, seeds, args.rounds, args.passes)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    res["env"] = {
-        "python": sys.version.split()[0],
-        "sqlite": sqlite3.sqlite_version,
-        "cpus": os.cpu_count(),
-        "loadavg_start": load0,
-        "loadavg_end": _loadavg(),
-    }
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        print_table(res)
+    res["env"] = environment(loadavg_start=load0, loadavg_end=loadavg())
+    emit(res, args.json, print_table)
     return 0
 
 

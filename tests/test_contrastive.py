@@ -2,45 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
 import numpy as np
 import pytest
+from attribution_helpers import MODELS, Recording
 from scipy.stats import binomtest
 
-from engine.attribution import ForwardRequest, builtin_models, contrastive, load_scm
+from engine.attribution import contrastive, load_scm
 from engine.attribution.contrastive import adaptive_schedule, wilson
-from engine.attribution.scm import SCM
 from engine.errors import ConfigError
-
-MODELS = {m.name: m for m in builtin_models()}
-
-
-class Recording:
-    """A ForwardModel wrapper that keeps every request it was asked to run."""
-
-    def __init__(self, model: SCM) -> None:
-        self.model = model
-        self.requests: list[ForwardRequest] = []
-        self.batches = 0
-
-    @property
-    def n_steps(self) -> int:
-        return self.model.n_steps
-
-    @property
-    def step_agents(self) -> Sequence[str | None]:
-        return self.model.step_agents
-
-    @property
-    def step_labels(self) -> Sequence[str]:
-        return self.model.step_labels
-
-    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
-        self.requests.extend(requests)
-        self.batches += 1
-        return self.model.run_batch(requests)
 
 
 @pytest.mark.parametrize(("bad", "n"), [(0, 10), (3, 10), (10, 10), (50, 100), (99, 100), (1, 418)])

@@ -3,42 +3,15 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 
 import msgspec
 import numpy as np
 import pytest
+from attribution_helpers import MODELS, Recording
 
-from engine.attribution import ForwardRequest, builtin_models, players_of, shapley
-from engine.attribution.scm import SCM
+from engine.attribution import ForwardRequest, players_of, shapley
 from engine.attribution.shapley import estimate_value
 from engine.errors import ConfigError
-
-MODELS = {m.name: m for m in builtin_models()}
-
-
-class Recording:
-    """A ForwardModel wrapper that keeps every request it was asked to run."""
-
-    def __init__(self, model: SCM) -> None:
-        self.model = model
-        self.requests: list[ForwardRequest] = []
-
-    @property
-    def n_steps(self) -> int:
-        return self.model.n_steps
-
-    @property
-    def step_agents(self) -> Sequence[str | None]:
-        return self.model.step_agents
-
-    @property
-    def step_labels(self) -> Sequence[str]:
-        return self.model.step_labels
-
-    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
-        self.requests.extend(requests)
-        return self.model.run_batch(requests)
 
 
 def test_circuit_breaker_stops_at_the_budget_and_marks_partial() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -18,6 +18,17 @@ from engine.errors import ConfigError
 
 #: Called as forward runs complete: (runs done so far, total planned or None when adaptive).
 Progress = Callable[[int, int | None], None]
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def parse_enum(cls: type[_E], value: str | _E, what: str) -> _E:
+    """The member of `cls` for `value`; a typo fails loudly, naming `what` and the valid values."""
+    try:
+        return cls(value)
+    except ValueError as e:
+        valid = ", ".join(repr(m.value) for m in cls)
+        raise ConfigError(f"{what} must be one of {valid}, got {value!r}") from e
 
 
 class ForwardRequest(msgspec.Struct, frozen=True):
@@ -68,11 +79,7 @@ class PlayersKind(StrEnum):
     @classmethod
     def parse(cls, value: str | PlayersKind) -> PlayersKind:
         """The enum member for `value`; a typo fails loudly with the valid values."""
-        try:
-            return cls(value)
-        except ValueError as e:
-            valid = ", ".join(repr(m.value) for m in cls)
-            raise ConfigError(f"players must be one of {valid}, got {value!r}") from e
+        return parse_enum(cls, value, "players")
 
 
 class Player(msgspec.Struct, frozen=True):

@@ -56,7 +56,13 @@ import msgspec
 import numpy as np
 from scipy.special import ndtri
 
-from engine.attribution.base import ForwardModel, ForwardRequest, Progress, report_progress
+from engine.attribution.base import (
+    ForwardModel,
+    ForwardRequest,
+    Progress,
+    parse_enum,
+    report_progress,
+)
 from engine.errors import ConfigError
 
 _SEED_BOUND = 2**63
@@ -71,11 +77,7 @@ class ContrastiveMode(StrEnum):
     @classmethod
     def parse(cls, value: str | ContrastiveMode) -> ContrastiveMode:
         """The enum member for `value`; a typo fails loudly with the valid values."""
-        try:
-            return cls(value)
-        except ValueError as e:
-            valid = ", ".join(repr(m.value) for m in cls)
-            raise ConfigError(f"contrastive mode must be one of {valid}, got {value!r}") from e
+        return parse_enum(cls, value, "contrastive mode")
 
 
 class Look(msgspec.Struct, frozen=True):

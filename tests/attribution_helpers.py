@@ -1,0 +1,36 @@
+"""What the attribution estimator tests share: the built-in SCMs, and a recording wrapper."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.attribution import ForwardRequest, builtin_models
+from engine.attribution.scm import SCM
+
+MODELS = {m.name: m for m in builtin_models()}
+
+
+class Recording:
+    """A ForwardModel wrapper that keeps every request it was asked to run."""
+
+    def __init__(self, model: SCM) -> None:
+        self.model = model
+        self.requests: list[ForwardRequest] = []
+        self.batches = 0
+
+    @property
+    def n_steps(self) -> int:
+        return self.model.n_steps
+
+    @property
+    def step_agents(self) -> Sequence[str | None]:
+        return self.model.step_agents
+
+    @property
+    def step_labels(self) -> Sequence[str]:
+        return self.model.step_labels
+
+    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
+        self.requests.extend(requests)
+        self.batches += 1
+        return self.model.run_batch(requests)
