@@ -110,15 +110,18 @@ def runs_cmd(
         emit_json(rows)
         return
     table = Table(title=None, box=None, header_style="bold")
-    for col in ("run", "scenario", "parent", "fork@step", "steps", "status", "outcome", "branches"):
-        table.add_column(col)
+    # ids are what users copy into the next command: never cut them
+    widest = max((2 * r["depth"] + len(r["run_id"]) for r in rows), default=12)
+    table.add_column("run", no_wrap=True, min_width=widest)
+    table.add_column("parent", no_wrap=True, min_width=12 if include_branches_col(rows) else 0)
+    for col in ("@step", "steps", "status", "outcome", "forks"):
+        table.add_column(col, no_wrap=True)
     for r in rows:
         indent = "  " * r["depth"]
         outcome = r.get("outcome") or {}
         verdict = "" if not outcome else ("bad" if outcome.get("bad") else "ok")
         table.add_row(
             indent + r["run_id"],
-            r["scenario"],
             r["parent_run_id"] or "",
             "" if r["fork_step"] is None else str(r["fork_step"]),
             str(r["steps"]),
@@ -127,6 +130,10 @@ def runs_cmd(
             str(r["branches"]),
         )
     out.print(table)
+
+
+def include_branches_col(rows: list[dict[str, Any]]) -> bool:
+    return any(r["parent_run_id"] for r in rows)
 
 
 @app.command("show")
