@@ -97,14 +97,17 @@ def branch_tree(j: Journal, run_id: str) -> dict[str, Any]:
 
 def transcript_lines(j: Journal, run_id: str, *, reveal: bool = False) -> list[str]:
     lines: list[str] = []
+    results: list[str] = []  # a step's tool results, shown under its message
     for stored in j.read(run_id):
         e = stored.event
         prefix = f"[{e.step}]" if e.step is not None else "   "
         if isinstance(e, ev.ChatMessage):
             lines.append(f"{prefix} {e.agent}: {e.text}")
+            lines.extend(results)
+            results = []
         elif isinstance(e, ev.ToolResult):
             shown = e.output if e.ok else f"FAILED: {e.error}"
-            lines.append(f"{prefix}   {e.agent} -> {e.tool}({e.param}) = {_clip(shown, 160)}")
+            results.append(f"      -> {e.tool}({_clip(e.param, 60)}) = {_clip(shown, 140)}")
         elif isinstance(e, ev.Intervention):
             lines.append(f"--- fork: {e.op} at step {e.at} value={_clip(str(e.value), 120)}")
         elif isinstance(e, ev.Control):
