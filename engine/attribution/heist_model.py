@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from engine import events as ev
 from engine.attribution.base import ForwardRequest
 from engine.errors import EngineError, InterventionError
 from engine.interventions import BranchSpec, DoResample, ParentInfo, parent_info, run_branches
@@ -41,14 +42,12 @@ class HeistForwardModel:
             )
         self.concurrency = concurrency
         self.policy_override = policy_override
-        self._agents = [self._agent_of(k) for k in range(self.parent.steps)]
+        first = next(journal.read(self.parent.run_id, 0, 1), None)
+        if first is None or not isinstance(first.event, ev.RunStarted):
+            raise EngineError(f"run {self.parent.run_id!r} has no RunStarted event")
+        crew = first.event.agents
+        self._agents = [crew[k % len(crew)] for k in range(self.parent.steps)]
         self.forward_runs = 0
-
-    def _agent_of(self, k: int) -> str:
-        for stored in self.journal.read(self.parent.run_id, 0, 1):
-            agents = stored.event.agents  # type: ignore[union-attr]
-            return str(agents[k % len(agents)])
-        raise EngineError(f"run {self.parent.run_id!r} has no RunStarted event")
 
     @property
     def n_steps(self) -> int:
