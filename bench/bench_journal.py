@@ -52,7 +52,7 @@ from common import (
 
 from engine import events as ev
 from engine import state as st
-from engine.journal import Journal, chain_hash
+from engine.journal import Journal, chain_hash, chain_rows
 
 AGENTS = ["alice", "bob", "carol", "dave"]
 PAYLOAD_TARGET = 1024  # encoded bytes per step event, approximately
@@ -184,18 +184,13 @@ def precompute_rows(
     run_id: str, steps: Sequence[Sequence[ev.Event]], first_seq: int, prev: str
 ) -> list[list[tuple[Any, ...]]]:
     """The exact rows the journal writes, per step (payload bytes and hash chain included)."""
-    out = []
+    out: list[list[tuple[Any, ...]]] = []
     seq = first_seq
     for events in steps:
-        rows = []
-        for e in events:
-            payload = ev.encode(e)
-            kind = ev.kind_of(e)
-            h = chain_hash(prev, seq, kind, ev.SCHEMA_VERSION, payload)
-            rows.append((run_id, seq, e.step, kind, ev.SCHEMA_VERSION, payload, h))
-            prev = h
-            seq += 1
-        out.append(rows)
+        rows = chain_rows(run_id, events, seq, prev)
+        out.append(list(rows))
+        seq += len(rows)
+        prev = rows[-1][6]
     return out
 
 

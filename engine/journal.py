@@ -64,6 +64,23 @@ def chain_hash(prev: str, seq: int, kind: str, version: int, payload: bytes) -> 
     return HASH_PREFIX + h.hexdigest()
 
 
+EventRow = tuple[str, int, int | None, str, int, bytes, str]
+
+
+def chain_rows(run_id: str, events: Sequence[ev.Event], seq: int, prev: str) -> list[EventRow]:
+    """The rows that append writes for `events` at `seq` after hash `prev`: payload bytes and
+    the hash chain, in column order (run_id, seq, step, kind, version, payload, hash)."""
+    rows: list[EventRow] = []
+    for e in events:
+        payload = ev.encode(e)
+        kind = ev.kind_of(e)
+        h = chain_hash(prev, seq, kind, ev.SCHEMA_VERSION, payload)
+        rows.append((run_id, seq, e.step, kind, ev.SCHEMA_VERSION, payload, h))
+        prev = h
+        seq += 1
+    return rows
+
+
 class StoredEvent(msgspec.Struct, frozen=True):
     """One journal row. `event` decodes (and upcasts) the payload."""
 
@@ -440,14 +457,9 @@ class Journal:
             if seq > 0 and not self.lineage(run_id):
                 raise UnknownRun(f"unknown run id {run_id!r}")
             prev = self._hash_at(cur, run_id, seq - 1) if seq > 0 else ""
-        rows = []
-        for e in events:
-            payload = ev.encode(e)
-            kind = ev.kind_of(e)
-            h = chain_hash(prev, seq, kind, ev.SCHEMA_VERSION, payload)
-            rows.append((run_id, seq, e.step, kind, ev.SCHEMA_VERSION, payload, h))
-            prev = h
-            seq += 1
+        rows = chain_rows(run_id, events, seq, prev)
+        seq += len(rows)
+        prev = rows[-1][6]
         try:
             cur.executemany(
                 self._q(
@@ -517,10 +529,7 @@ class Journal:
     def last_stepped(self, run_id: str) -> tuple[int, int] | None:
         """(step, seq) of the last event that belongs to a step, None if there is none."""
         for seg in reversed(self.lineage(run_id)):
-            sql = (
-                "SELECT step, seq FROM events WHERE run_id = ? AND seq >= ?"
-                " AND step IS NOT NULL"
-            )
+            sql = "SELECT step, seq FROM events WHERE run_id = ? AND seq >= ? AND step IS NOT NULL"
             args: list[Any] = [seg.run_id, seg.start]
             if seg.stop is not None:
                 sql += " AND seq < ?"

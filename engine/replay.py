@@ -18,7 +18,7 @@ from engine import events as ev
 from engine.errors import InterventionError, ReplayDivergence
 from engine.heist.session import HeistScenario
 from engine.journal import Journal
-from engine.policies.base import AgentView
+from engine.policies.base import AgentView, Policy
 from engine.policies.registry import make_policy
 from engine.runtime.episode import FORCED_MODEL
 from engine.state import State, apply
@@ -183,7 +183,7 @@ def fidelity(
                 f"run {info.run_id!r} step {step.step}: rebuilt request differs from the "
                 f"recorded one ({check.first_divergence})"
             )
-        new = policy.decide(view, messages, step.call.seed)
+        new = _policy_at(step, policy).decide(view, messages, step.call.seed)
         rec = step.call.response
         exact = new.text == rec
         # normalised: same words up to whitespace and case, and the same parsed tool calls
@@ -217,6 +217,18 @@ def fidelity(
             if progress:
                 progress(i + 1, len(todo))
     return _report(info.run_id, spec, len(steps), skipped, matches, check)
+
+
+def _policy_at(step: RecordedStep, default: Policy) -> Policy:
+    """The policy that decided this step: a do_policy branch swapped it from its fork step on."""
+    swapped = [
+        iv for iv in step.state.interventions if iv["op"] == "policy" and iv["at"] <= step.step
+    ]
+    if not swapped:
+        return default
+    from engine.interventions import policy_for
+
+    return policy_for(dict(swapped[-1]["value"]))
 
 
 def _report(

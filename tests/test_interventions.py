@@ -356,3 +356,13 @@ def test_replay_names_first_request_divergence(recorded: tuple[Journal, str]) ->
     assert not d["rebuilt"]["content"].endswith("(edited)")
     with pytest.raises(ReplayDivergence, match="step 5"):
         fidelity(j, copy)
+
+
+def test_fidelity_of_a_do_policy_branch(recorded: tuple[Journal, str]) -> None:
+    """A do_policy branch replays at 1.0: steps from k on are re-executed with the swapped
+    policy, steps before k with the run's own."""
+    j, run = recorded
+    rep = fork_many(j, run, DoPolicy(4, {"name": "sim-honest"}), 1, seed=3)
+    branch = rep.branches[0].run_id
+    fid = fidelity(j, branch)
+    assert fid.exact_match_rate == 1.0 and fid.steps == 24
