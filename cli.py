@@ -39,6 +39,14 @@ class _Ctx:
 _ctx = _Ctx()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from engine.heist.session import engine_version
+
+        out.print(f"car {engine_version()}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     journal: Annotated[
@@ -58,6 +66,12 @@ def _main(
             help="Engine log level on stderr (DEBUG, INFO, WARNING, ERROR, CRITICAL).",
         ),
     ] = "CRITICAL",
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     _ctx.journal_target = journal
     from engine.logging import configure
@@ -108,6 +122,9 @@ def runs_cmd(
         rows = views.list_runs(j, include_branches=all_, limit=limit)
     if as_json:
         emit_json(rows)
+        return
+    if not rows:
+        out.print("no runs yet: record one with `car heist`", highlight=False)
         return
     table = Table(title=None, box=None, header_style="bold")
     # ids are what users copy into the next command: never cut them
@@ -208,7 +225,8 @@ def state_cmd(
         f"next agent {data['acting_agent']} (round {data['round']}), status {data['status']}",
         highlight=False,
     )
-    out.print(f"seeds in window: {data['seeds']}", highlight=False)
+    seeds = ", ".join(f"step {k}: {seed}" for k, seed in data["seeds"])
+    out.print(f"seeds in window: {seeds or 'none'}", highlight=False)
     out.print("[bold]conversation (window)[/]")
     for m in data["transcript"]:
         out.print(f"  [{m['step']}] {m['agent']}: {m['text']}", highlight=False, markup=False)
