@@ -309,14 +309,21 @@ def test_cli_fork_and_fidelity(tmp_path: Path) -> None:
         "per_agent",
         "divergences",
     }
-    for op, value in [
-        ("resample", None),
-        ("action", "Copy that."),
-        ("context", "hello"),
-        ("policy", "sim-honest"),
+    with Journal(jp) as j:
+        tool_step = min(parent_info(j, run).tool_steps)
+    obs_file = tmp_path / "obs.txt"
+    obs_file.write_text("name|start_time|end_time\nnobody|00:00|06:00")
+    for op, at, value in [
+        ("resample", 3, None),
+        ("action", 3, "Copy that."),
+        ("observation", tool_step, "@" + str(obs_file)),
+        ("context", 3, "hello"),
+        ("policy", 3, "sim-honest"),
     ]:
-        args = ["fork", run, "--at", "3", "--do", op, "-n", "3", "--json"]
-        if value:
+        args = ["fork", run, "--at", str(at), "--do", op, "-n", "3", "--json"]
+        if value and value.startswith("@"):
+            args += ["--value-file", value[1:]]
+        elif value:
             args += ["--value", value]
         res = car(*args)
         assert res.returncode == 0, res.stderr
@@ -328,7 +335,7 @@ def test_cli_fork_and_fidelity(tmp_path: Path) -> None:
     shown = car("show", run)
     assert "@step 3 resample" in shown.stdout
     listed = json.loads(car("runs", "--all", "--json").stdout)
-    assert sum(1 for r in listed if r["parent_run_id"] == run) == 12
+    assert sum(1 for r in listed if r["parent_run_id"] == run) == 15
 
 
 def test_replay_names_first_request_divergence(recorded: tuple[Journal, str]) -> None:
