@@ -235,6 +235,13 @@ def branch_base(journal: Journal, parent: ParentInfo, k: int) -> BranchBase:
     return base
 
 
+def policy_spec_at(state: State) -> dict[str, Any]:
+    """The spec of the policy deciding at this state: the run's own, unless an earlier
+    do_policy on this branch's history swapped it."""
+    swapped = [iv for iv in state.interventions if iv["op"] == "policy"]
+    return dict(swapped[-1]["value"]) if swapped else dict(state.policy)
+
+
 def policy_for(spec: dict[str, Any]) -> Policy:
     """One policy object per spec and process: policies are stateless given (view, seed), and
     building an HTTP client per branch costs more CPU than a whole sim branch."""
@@ -264,7 +271,7 @@ def run_branch(
     base = branch_base(journal, parent, k)
     s_k = base.state
     scenario = HeistScenario.from_state(s_k)
-    spec = dict(s_k.policy)
+    spec = policy_spec_at(s_k)
     if policy_override:
         spec.update(policy_override)
     policy = policy_for(spec)

@@ -221,14 +221,11 @@ def fidelity(
 
 def _policy_at(step: RecordedStep, default: Policy) -> Policy:
     """The policy that decided this step: a do_policy branch swapped it from its fork step on."""
-    swapped = [
-        iv for iv in step.state.interventions if iv["op"] == "policy" and iv["at"] <= step.step
-    ]
-    if not swapped:
-        return default
-    from engine.interventions import policy_for
+    from engine.interventions import policy_for, policy_spec_at
 
-    return policy_for(dict(swapped[-1]["value"]))
+    if not any(iv["op"] == "policy" for iv in step.state.interventions):
+        return default
+    return policy_for(policy_spec_at(step.state))
 
 
 def _report(

@@ -373,3 +373,16 @@ def test_fidelity_of_a_do_policy_branch(recorded: tuple[Journal, str]) -> None:
     branch = rep.branches[0].run_id
     fid = fidelity(j, branch)
     assert fid.exact_match_rate == 1.0 and fid.steps == 24
+
+
+def test_fork_of_a_do_policy_branch_keeps_the_swapped_policy(
+    recorded: tuple[Journal, str],
+) -> None:
+    """Forking a do_policy branch after its swap re-decides with the swapped policy: the new
+    branch's LLM calls match what that policy decides, so it replays at 1.0 too."""
+    j, run = recorded
+    rep = fork_many(j, run, DoPolicy(2, {"name": "sim-honest"}), 1, seed=8)
+    branch = rep.branches[0].run_id
+    again = fork_many(j, branch, DoResample(10), 1, seed=9).branches[0].run_id
+    fid = fidelity(j, again)
+    assert fid.exact_match_rate == 1.0
