@@ -195,7 +195,7 @@ def validate(parent: ParentInfo, iv: Intervention) -> None:
         )
     if isinstance(iv, DoPolicy):
         try:
-            make_policy(iv.policy)
+            policy_for(iv.policy)
         except ConfigError as e:
             raise InterventionError(str(e)) from e
 
