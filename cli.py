@@ -453,7 +453,8 @@ def accuse_cmd(
 # ----------------------------------------------------------------- replay / fork
 
 
-def _progress(description: str, as_json: bool) -> Any:
+def _progress() -> Any:
+    """A progress bar on stderr, shown only when stderr is a terminal (never mixed into --json)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     return Progress(
@@ -499,7 +500,7 @@ def fidelity_cmd(
     """Re-execute every step with its recorded seed and context: the action-match rate."""
     from engine.replay import fidelity
 
-    with open_journal(create=False) as j, _progress("re-executing steps", as_json) as bar:
+    with open_journal(create=False) as j, _progress() as bar:
         task = bar.add_task("re-executing steps", total=None)
         report = fidelity(
             j,
@@ -521,8 +522,6 @@ def fidelity_cmd(
         + (f", {report.skipped} forced/failed skipped" if report.skipped else ""),
         highlight=False,
     )
-    if report.request_check:
-        out.print(f"[red]rebuilt request differs[/]: {report.request_check}", highlight=False)
     table = Table(box=None, header_style="bold")
     for col in ("agent", "steps", "exact", "normalised"):
         table.add_column(col)
@@ -586,7 +585,7 @@ def fork_cmd(
         except OSError as e:
             fail(f"cannot read --value-file {str(value_file)!r}: {e.strerror}")
     iv = parse_intervention(do, at, value)
-    with open_journal(create=False) as j, _progress(f"do_{do}@{at}", as_json) as bar:
+    with open_journal(create=False) as j, _progress() as bar:
         task = bar.add_task(f"branches do_{do}@{at}", total=n)
         report = fork_many(
             j,
@@ -651,7 +650,7 @@ def validate_cmd(
     models += [load_scm(f) for f in files or []]
     if not models:
         fail("no models to validate (give model files or drop --no-builtin)")
-    with _progress("validating", as_json) as bar:
+    with _progress() as bar:
         task = bar.add_task("forward runs", total=None)
         reports = validate(
             models,
@@ -738,7 +737,7 @@ def attribute_cmd(
     """Which step (or agent) caused the failure: counterfactual forward runs, ranked."""
     from engine.attribution.heist_report import attribute_run
 
-    with open_journal(create=False) as j, _progress("attributing", as_json) as bar:
+    with open_journal(create=False) as j, _progress() as bar:
         task = bar.add_task(f"{method} forward runs", total=None)
         data = attribute_run(
             j,

@@ -15,7 +15,7 @@ Version history:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Union, get_args
 
 import msgspec
 
@@ -125,22 +125,6 @@ AnyEvent = (
 )
 
 SECRET_KINDS = frozenset({"mole_assigned"})
-KINDS: frozenset[str] = frozenset(
-    t.__struct_config__.tag  # type: ignore[misc]
-    for t in (
-        RunStarted,
-        MoleAssigned,
-        LlmCall,
-        ToolCall,
-        ToolResult,
-        ChatMessage,
-        Intervention,
-        Control,
-        SuspicionDeclared,
-        RunEnded,
-    )
-)
-
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[AnyEvent] = msgspec.msgpack.Decoder(AnyEvent)  # type: ignore[arg-type]
 _raw_decoder = msgspec.msgpack.Decoder()
@@ -183,19 +167,10 @@ class FoldLlmCall(Event, frozen=True, tag="llm_call"):
     seed: int
 
 
-FoldEvent = (
-    RunStarted
-    | MoleAssigned
-    | FoldLlmCall
-    | ToolCall
-    | ToolResult
-    | ChatMessage
-    | Intervention
-    | Control
-    | SuspicionDeclared
-    | RunEnded
+# the same union as AnyEvent, with LLM calls decoded slim
+_fold_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+    Union[tuple(FoldLlmCall if t is LlmCall else t for t in get_args(AnyEvent))]  # type: ignore[valid-type]  # noqa: UP007
 )
-_fold_decoder: msgspec.msgpack.Decoder[FoldEvent] = msgspec.msgpack.Decoder(FoldEvent)  # type: ignore[arg-type]
 
 
 def decode_for_fold(payload: bytes, version: int = SCHEMA_VERSION) -> Event:

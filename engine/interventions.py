@@ -29,7 +29,7 @@ from engine.policies.sim import step_seed
 from engine.projections import conversation
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
 from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
-from engine.state import State, state_at_seq, step_seq
+from engine.state import State, edit_transcript, state_at_seq, step_seq
 
 
 class DoResample(msgspec.Struct, frozen=True, tag="resample"):
@@ -292,7 +292,7 @@ def run_branch(
         case DoPolicy():
             overrides.policy_from = (k, policy_for(iv.policy))
         case DoContext():
-            prefix = _edited(prefix, iv)
+            prefix = edit_transcript(prefix, iv.edit, iv.k)
         case _:
             pass
     return run_episode(
@@ -304,12 +304,6 @@ def run_branch(
         overrides=overrides,
         server=spec.get("base_url"),
     )
-
-
-def _edited(prefix: list[Any], iv: DoContext) -> list[Any]:
-    from engine.state import edit_transcript
-
-    return edit_transcript(prefix, iv.edit, iv.k)
 
 
 # ------------------------------------------------------------------ many branches

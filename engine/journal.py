@@ -645,16 +645,6 @@ class Journal:
                 expected += 1
         return VerifyReport(len(targets), n_events, problems)
 
-    def size_bytes(self) -> int | None:
-        if self.path is None:
-            return None
-        total = 0
-        for suffix in ("", "-wal", "-shm"):
-            p = Path(str(self.path) + suffix)
-            if p.exists():
-                total += p.stat().st_size
-        return total
-
     def checkpoint(self) -> None:
         if self.is_sqlite:
             with self._read() as cur:

@@ -26,18 +26,8 @@ def fork_step(j: Journal, info: RunInfo) -> int | None:
 
 
 def run_summary(j: Journal, info: RunInfo, depth: int = 0) -> dict[str, Any]:
-    last = j.last_event(info.run_id)
-    outcome = None
-    status = "recording"
-    if last is not None:
-        e = last.event
-        if isinstance(e, ev.RunEnded):
-            status, outcome = e.status, e.outcome
-        elif isinstance(e, ev.SuspicionDeclared):
-            status = "completed"
-            outcome = _outcome_of(j, info.run_id)
-        else:
-            status = j.status(info.run_id)
+    status = j.status(info.run_id)
+    outcome = _outcome_of(j, info.run_id) if status not in ("recording", "paused") else None
     return {
         "run_id": info.run_id,
         "scenario": info.scenario,

@@ -145,7 +145,6 @@ class FidelityReport(msgspec.Struct, frozen=True):
     per_agent: dict[str, dict[str, float | int]]
     per_step: list[dict[str, Any]]
     divergences: list[dict[str, Any]]
-    request_check: dict[str, Any] | None
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -170,19 +169,22 @@ def fidelity(
     if policy_override:
         spec.update(policy_override)
     policy = make_policy(spec)
-    check = check_requests(journal, info.run_id)
-    todo = [s for s in steps if s.call.model != FORCED_MODEL and s.call.finish_reason != "error"]
-    skipped = len(steps) - len(todo)
-
-    def one(step: RecordedStep) -> StepMatch:
+    # one pass rebuilds every request; the policy must see exactly what it saw when
+    # recording, anything else is not a replay, so say where the journal and the rebuild part
+    todo: list[tuple[RecordedStep, AgentView, list[dict[str, str]]]] = []
+    for step in steps:
         view, messages = _view_and_messages(scenario, step, info.run_id)
         if messages != step.call.request:
-            # the policy must see exactly what it saw when recording; anything else is not a
-            # replay, so say where the journal and the rebuild part ways
             raise ReplayDivergence(
                 f"run {info.run_id!r} step {step.step}: rebuilt request differs from the "
-                f"recorded one ({check.first_divergence})"
+                f"recorded one ({_request_diff(step, messages)})"
             )
+        if step.call.model != FORCED_MODEL and step.call.finish_reason != "error":
+            todo.append((step, view, messages))
+    skipped = len(steps) - len(todo)
+
+    def one(item: tuple[RecordedStep, AgentView, list[dict[str, str]]]) -> StepMatch:
+        step, view, messages = item
         new = _policy_at(step, policy).decide(view, messages, step.call.seed)
         rec = step.call.response
         exact = new.text == rec
@@ -212,11 +214,11 @@ def fidelity(
                 if progress:
                     progress(i + 1, len(todo))
     else:
-        for i, s in enumerate(todo):
-            matches.append(one(s))
+        for i, item in enumerate(todo):
+            matches.append(one(item))
             if progress:
                 progress(i + 1, len(todo))
-    return _report(info.run_id, spec, len(steps), skipped, matches, check)
+    return _report(info.run_id, spec, len(steps), skipped, matches)
 
 
 def _policy_at(step: RecordedStep, default: Policy) -> Policy:
@@ -234,7 +236,6 @@ def _report(
     n_steps: int,
     skipped: int,
     matches: list[StepMatch],
-    check: RequestCheck,
 ) -> FidelityReport:
     per_agent: dict[str, dict[str, float | int]] = {}
     for m in matches:
@@ -279,7 +280,6 @@ def _report(
             for m in matches
         ],
         divergences=divergences,
-        request_check=None if check.ok else check.first_divergence,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
+from engine.errors import InterventionError
 from engine.journal import Journal
 from engine.policies.base import ChatLine, Observation
 
@@ -229,8 +230,6 @@ def step_seq(journal: Journal, run_id: str, k: int) -> int:
     """The seq where step k begins in the run's history (its head if k is one past the end)."""
     n = journal.steps(run_id)
     if k < 0 or k > n:
-        from engine.errors import InterventionError
-
         raise InterventionError(f"step {k} is out of range: run {run_id!r} has steps 0..{n - 1}")
     start = journal.step_start(run_id, k)
     if start is None:

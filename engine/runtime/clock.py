@@ -22,16 +22,3 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.perf_counter()
-
-
-class FixedClock:
-    """A clock that never moves: the recorded start time, zero latencies."""
-
-    def __init__(self, iso: str = "1970-01-01T00:00:00+00:00") -> None:
-        self.iso = iso
-
-    def now_iso(self) -> str:
-        return self.iso
-
-    def monotonic(self) -> float:
-        return 0.0
