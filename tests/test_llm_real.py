@@ -181,7 +181,7 @@ def test_fidelity_replays_every_step_exactly(recorded: Recorded) -> None:
     action exactly (action-match and exact-match rate 1.0)."""
     report = fidelity(recorded.journal, recorded.result.run_id)
     assert report.steps == len(AGENTS) * ROUNDS and report.skipped == 0
-    assert report.request_check is None
+    assert check_requests(recorded.journal, recorded.result.run_id).ok
     assert report.divergences == []
     assert report.action_match_rate == 1.0
     assert report.exact_match_rate == 1.0
