@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
 from engine import projections as views
+from engine.commands.common import (
+    JsonOpt,
+    emit_json,
+    err,
+    fail,
+    journal_target,
+    open_journal,
+    options,
+    out,
+)
 from engine.errors import EngineError
-from engine.journal import Journal, default_journal_url
 
 app = typer.Typer(
     help="Causal Agent Replay: record multi-agent runs, replay and fork them, find the step "
@@ -25,18 +32,6 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="The journal database itself.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-
-out = Console()
-err = Console(stderr=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-
-
-class _Ctx:
-    journal_target: str | None = None
-
-
-_ctx = _Ctx()
 
 
 def _print_version(value: bool) -> None:
@@ -73,19 +68,11 @@ def _main(
         ),
     ] = False,
 ) -> None:
-    _ctx.journal_target = journal
+    options.journal_target = journal
     from engine.logging import configure
 
     # the CLI's own output is the interface; engine logs are for debugging (CAR_LOG_LEVEL=INFO)
     configure(log_level)
-
-
-def open_journal(create: bool = True) -> Journal:
-    return Journal(_ctx.journal_target or default_journal_url(), create=create)
-
-
-def emit_json(data: Any) -> None:
-    out.print_json(json.dumps(data, default=str))
 
 
 # ----------------------------------------------------------------- db
@@ -94,7 +81,7 @@ def emit_json(data: Any) -> None:
 @db_app.command("path")
 def db_path() -> None:
     """Print where the journal is."""
-    target = _ctx.journal_target or default_journal_url()
+    target = journal_target()
     if "://" in target:
         out.print(target, highlight=False)
     else:
@@ -799,13 +786,6 @@ def attribute_cmd(
             highlight=False,
         )
     out.print(f"forward runs spent: {data['forward_runs']}", highlight=False)
-
-
-def fail(message: str, code: int = 1) -> None:
-    """One clean line on stderr (never wrapped) and a non-zero exit."""
-    first = " ".join(message.split())
-    sys.stderr.write(f"error: {first}\n")
-    raise SystemExit(code)
 
 
 def main() -> None:

@@ -1,0 +1,45 @@
+"""What every command shares: the consoles, the journal it opens, JSON output, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from engine.journal import Journal, default_journal_url
+
+out = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+class _Ctx:
+    """Options of the `car` callback that every command reads (set once per invocation)."""
+
+    journal_target: str | None = None
+
+
+options = _Ctx()
+
+
+def journal_target() -> str:
+    return options.journal_target or default_journal_url()
+
+
+def open_journal(create: bool = True) -> Journal:
+    return Journal(journal_target(), create=create)
+
+
+def emit_json(data: Any) -> None:
+    out.print_json(json.dumps(data, default=str))
+
+
+def fail(message: str, code: int = 1) -> None:
+    """One clean line on stderr (never wrapped) and a non-zero exit."""
+    first = " ".join(message.split())
+    sys.stderr.write(f"error: {first}\n")
+    raise SystemExit(code)
