@@ -811,6 +811,11 @@ def attribute_cmd(
     out.print(f"forward runs spent: {data['forward_runs']}", highlight=False)
 
 
+from engine.commands import detect as _detect_commands  # noqa: E402
+
+_detect_commands.register(app)
+
+
 def main() -> None:
     """Entry point: engine errors and usage errors become one clean line and a non-zero exit."""
     try:  # typer vendors click in recent releases; older ones use click itself

@@ -127,6 +127,7 @@ def analyze(
     Options: llm — `seed`, `timeout`, `max_tokens`, `journal_llm` (default True);
     causal — `k_max`, `k_min`, `batch`, `level`, `sequential`, `seed`, `concurrency`,
     `progress`; replay — `progress`."""
+    _pick(options)
     if method not in METHODS:
         raise DetectError(
             f"unknown detection method {method!r}; expected one of: " + ", ".join(METHODS)
@@ -214,10 +215,26 @@ def analyze(
     )
 
 
+OPTIONS = frozenset(
+    {
+        "k_max",
+        "k_min",
+        "batch",
+        "level",
+        "sequential",
+        "seed",
+        "concurrency",
+        "progress",
+        "timeout",
+        "max_tokens",
+        "journal_llm",
+    }
+)
+
+
 def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
-    unknown = (
-        set(options) - set(names) - {"seed", "timeout", "max_tokens", "journal_llm", "progress"}
-    )
+    """The options one method takes; a misspelt option fails rather than being ignored."""
+    unknown = set(options) - OPTIONS
     if unknown:
         raise DetectError(f"unknown detection option(s): {', '.join(sorted(unknown))}")
     return {k: v for k, v in options.items() if k in names and v is not None}
