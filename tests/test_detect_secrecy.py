@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from servers import free_port
 
 from engine import events as ev
 from engine.detect import analyze
@@ -19,7 +20,6 @@ from engine.heist.session import record_heist
 from engine.journal import Journal
 from engine.policies.sim import SimPolicy
 from engine.public import public_view
-from servers import free_port
 
 DETECT = Path(__file__).resolve().parent.parent / "engine" / "detect"
 AGENTS = load_agents_config().names
@@ -29,8 +29,10 @@ SECRETS = [s.value for s in Strategy] + [instructions(s) for s in Strategy] + ["
 def test_detector_code_never_touches_secret_fields() -> None:
     """Only evaluate.py (the scorer, after the methods answered) may name the secret event; no
     detector module reads a mole strategy, a secret context or a recorded request."""
-    forbidden = re.compile(r"MoleAssigned|mole_assigned|\.mole_strategy\b(?!\s*=)|\.secret\b|"
-                           r"\.strategy\b|\.request\b|\.instructions\b")
+    forbidden = re.compile(
+        r"MoleAssigned|mole_assigned|\.mole_strategy\b(?!\s*=)|\.secret\b|"
+        r"\.strategy\b|\.request\b|\.instructions\b"
+    )
     for module in DETECT.glob("*.py"):
         code = "\n".join(
             line for line in module.read_text().splitlines() if not line.strip().startswith("#")
