@@ -136,11 +136,18 @@ def analyze(
     agents, messages, tools = inputs(view)
     if len(agents) < 2:
         raise DetectError(f"run {view.run_id!r} has {len(agents)} agents; detection needs two")
-    if view.status in ("recording", "paused"):
-        raise DetectError(f"run {view.run_id!r} is still recording; analyse it once it ended")
+    live = view.status in ("recording", "paused")
+    if live and method in ("causal", "replay"):
+        raise DetectError(
+            f"run {view.run_id!r} is still recording; the {method} detector re-runs the crew "
+            "and needs an ended run (rules and llm work on a live one)"
+        )
     rules = rule_scores(messages, tools, agents)
     weights: dict[str, float] = dict(WEIGHTS)
     warnings: list[str] = []
+    if live:
+        # the blog's dashboard analyses a game after a few turns; say what was seen
+        warnings.append(f"the run is still {view.status}: analysed its first {view.steps} steps")
     if not messages:
         warnings.append("the run has no messages: every rule signal is 0")
     if method == "rules":
