@@ -788,6 +788,11 @@ def attribute_cmd(
     out.print(f"forward runs spent: {data['forward_runs']}", highlight=False)
 
 
+from engine.commands import serve as _serve  # noqa: E402
+
+_serve.register(app)
+
+
 def main() -> None:
     """Entry point: engine errors and usage errors become one clean line and a non-zero exit."""
     try:  # typer vendors click in recent releases; older ones use click itself
