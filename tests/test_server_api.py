@@ -160,6 +160,26 @@ def test_detail_is_public_until_the_verdict(
     assert sum(s["calls"] for s in stats.values()) == len(d["tool_usage"])
 
 
+def test_the_seed_is_never_shown(server: Server, client: httpx.Client) -> None:
+    """The mole is drawn from the root seed, so a heist started without one never shows it:
+    not in the quick-start answer, the list, the detail or the stream."""
+    r = client.post("/api/sessions", json={"step_delay": 0, "rounds": 1})
+    sid = r.json()["session_id"]
+    wait_status(client, sid, {"completed"})
+    with Journal(server.journal) as j:
+        started = next(j.read(sid, 0, 1)).event
+    assert isinstance(started, ev.RunStarted)
+    seed = str(started.root_seed)
+    texts = [
+        r.text,
+        client.get("/api/sessions?limit=200").text,
+        client.get(f"/api/sessions/{sid}").text,
+        client.get(f"/api/sessions/{sid}/events").text,
+    ]
+    for text in texts:
+        assert seed not in text and '"seed"' not in text
+
+
 def test_unknown_session_is_404_naming_it(client: httpx.Client) -> None:
     """Every route with a session answers 404 with a JSON body that names the session."""
     sid = "no-such-heist"

@@ -298,7 +298,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             "status": journal.status(run_id),
             "agents": list(crew.names),
             "policy": body.policy,
-            "seed": seed,
+            # no seed: the mole is drawn from it, so it would be the answer
             "rounds": body.rounds,
             "step_delay": delay,
             "events": f"/api/sessions/{run_id}/events",

@@ -9,67 +9,27 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+import msgspec
+
 from engine import events as ev
+from engine import public
 from engine.journal import Journal, RunInfo
 from engine.projections import fork_step
 from engine.server.public_feed import public_events
 
 
 def public_view(journal: Journal, run_id: str) -> dict[str, Any]:
-    """The public transcript and tool usage of a run (the verdict only once accused)."""
-    info = journal.run(run_id)
-    started: dict[str, Any] = {}
-    messages: list[dict[str, Any]] = []
-    tools: list[dict[str, Any]] = []
-    controls: list[dict[str, Any]] = []
-    outcome: dict[str, Any] | None = None
-    ended: dict[str, Any] | None = None
-    verdict: dict[str, Any] | None = None
-    last_seq = -1
-    for seq, e in public_events(journal, info.run_id):
-        last_seq = seq
-        kind = e["kind"]
-        if kind == "run_started":
-            started = e
-        elif kind == "message":
-            messages.append({"seq": seq, "step": e["step"], "agent": e["agent"], "text": e["text"]})
-        elif kind == "tool_result":
-            tools.append(
-                {
-                    k: e[k]
-                    for k in ("seq", "step", "agent", "tool", "param", "success", "output", "error")
-                }
-            )
-        elif kind == "control":
-            controls.append({k: e[k] for k in ("seq", "step", "action", "reason")})
-        elif kind == "run_ended":
-            ended = e
-            outcome = e["outcome"]
-        elif kind == "verdict":
-            verdict = {k: e[k] for k in ("suspect", "verdict", "mole", "strategy")}
-    status = journal.status(info.run_id)
-    agents = list(started.get("agents", []))
-    return {
-        "session_id": info.run_id,
-        "scenario": info.scenario,
-        "created_at": info.created_at,
-        "status": status,
-        "agents": agents,
-        "policy": started.get("policy"),
-        "seed": started.get("seed"),
-        "rounds": started.get("rounds"),
-        "steps": journal.steps(info.run_id),
-        "parent_run_id": info.parent_run_id,
-        "fork_step": fork_step(journal, info),
-        "outcome": outcome,
-        "error": ended.get("error") if ended else None,
-        "messages": messages,
-        "tool_usage": tools,
-        "tool_stats": tool_stats(agents, tools),
-        "controls": controls,
-        "verdict": verdict,
-        "last_seq": last_seq,
-    }
+    """The public transcript and tool usage of a run (the verdict only once accused), with
+    per-agent tool statistics."""
+    view = public.public_view(journal, run_id)
+    data: dict[str, Any] = msgspec.to_builtins(view)
+    info = journal.run(view.run_id)
+    _, _, error = _ending(journal, view.run_id)
+    data["session_id"] = data.pop("run_id")
+    data["created_at"] = info.created_at
+    data["error"] = error
+    data["tool_stats"] = tool_stats(view.agents, data["tool_usage"])
+    return data
 
 
 def tool_stats(agents: list[str], tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -91,15 +51,19 @@ def tool_stats(agents: list[str], tools: list[dict[str, Any]]) -> dict[str, dict
     return stats
 
 
-def _ending(journal: Journal, run_id: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(outcome, verdict) from the last events of a run: both sit at its very end."""
+def _ending(
+    journal: Journal, run_id: str
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+    """(outcome, verdict, error) from the last events of a run: they sit at its very end."""
     head = journal.head(run_id)
     outcome = verdict = None
+    error: str | None = None
     for stored in journal.read(run_id, max(0, head - 3), head):
         if stored.kind == "run_ended":
             e = stored.event
             assert isinstance(e, ev.RunEnded)
-            outcome = dict(e.outcome) if e.outcome else None
+            outcome = dict(e.outcome) if e.status == "completed" else None
+            error = e.error
         elif stored.kind == "suspicion_declared":
             s = stored.event
             assert isinstance(s, ev.SuspicionDeclared)
@@ -109,7 +73,9 @@ def _ending(journal: Journal, run_id: str) -> tuple[dict[str, Any] | None, dict[
                 "mole": s.mole,
                 "strategy": s.strategy,
             }
-    return outcome, verdict
+    if head > 0 and journal.status(run_id) in ("recording", "paused"):
+        outcome = None  # an ancestor's end is not this branch's outcome
+    return outcome, verdict, error
 
 
 def session_summary(journal: Journal, info: RunInfo) -> dict[str, Any]:
@@ -119,7 +85,7 @@ def session_summary(journal: Journal, info: RunInfo) -> dict[str, Any]:
             started = e
         break
     status = journal.status(info.run_id)
-    outcome, verdict = _ending(journal, info.run_id)
+    outcome, verdict, _ = _ending(journal, info.run_id)
     return {
         "session_id": info.run_id,
         "created_at": info.created_at,
@@ -127,7 +93,6 @@ def session_summary(journal: Journal, info: RunInfo) -> dict[str, Any]:
         "steps": journal.steps(info.run_id),
         "agents": started.get("agents", []),
         "policy": started.get("policy"),
-        "seed": started.get("seed"),
         "outcome": None
         if outcome is None
         else {"bad": outcome.get("bad"), "score": outcome.get("score")},
@@ -166,7 +131,7 @@ def branch_tree(journal: Journal, run_id: str) -> dict[str, Any]:
                 iv = first.event
                 assert isinstance(iv, ev.Intervention)
                 op, value = iv.op, iv.value
-        outcome, _ = _ending(journal, info.run_id)
+        outcome, _, _ = _ending(journal, info.run_id)
         kids = by_parent.get(info.run_id, [])
         return {
             "session_id": info.run_id,
@@ -229,7 +194,7 @@ def branch_diff(journal: Journal, run_id: str) -> dict[str, Any]:
                 "diff": word_diff(a, b),
             }
         )
-    outcome, _ = _ending(journal, info.run_id)
+    outcome, _, _ = _ending(journal, info.run_id)
     return {
         "session_id": info.run_id,
         "parent_id": info.parent_run_id,

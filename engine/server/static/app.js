@@ -172,7 +172,7 @@ function applyDetail(d) {
   S.agents = d.agents || [];
   S.rounds = d.rounds || 0;
   setStatus(d.status);
-  $("meta").textContent = `policy ${d.policy ?? "?"} · seed ${d.seed ?? "?"} · ${S.agents.length} agents · ${d.rounds ?? "?"} rounds`
+  $("meta").textContent = `policy ${d.policy || "?"} · ${S.agents.length} agents · ${d.rounds ?? "?"} rounds`
     + (d.parent_run_id ? ` · branch of ${d.parent_run_id} at step ${d.fork_step}` : "");
   renderBadges();
   if (d.outcome || !LIVE.has(d.status)) renderOutcome(d);
