@@ -473,14 +473,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
 
 def _mount_swagger(app: FastAPI) -> None:
-    """The OpenAPI page from a vendored Swagger UI (no CDN: it works offline)."""
-    import swagger_ui_bundle
+    """The OpenAPI page from the Swagger UI that the fastapi-offline package ships (no CDN:
+    the page works without internet access)."""
+    import fastapi_offline
 
-    app.mount(
-        "/docs-static",
-        StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
-        name="docs-static",
-    )
+    static = resources.files(fastapi_offline) / "static"
+    app.mount("/docs-static", StaticFiles(directory=str(static)), name="docs-static")
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
@@ -489,5 +487,5 @@ def _mount_swagger(app: FastAPI) -> None:
             title=f"{app.title} - API",
             swagger_js_url="/docs-static/swagger-ui-bundle.js",
             swagger_css_url="/docs-static/swagger-ui.css",
-            swagger_favicon_url="/docs-static/favicon-32x32.png",
+            swagger_favicon_url="/docs-static/favicon.png",
         )

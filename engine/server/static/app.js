@@ -113,15 +113,20 @@ async function loadSessions(append) {
 
 function storageKey(sid) { return `car.stream.${sid}`; }
 
+function saveNow() {
+  clearTimeout(S.saveTimer);
+  S.saveTimer = null;
+  if (!S.sid) return;
+  // only a contiguous prefix is kept, so a reload resumes right after what it restores
+  const events = S.events.length > 4000 ? [] : S.events;
+  const lastSeq = events.length ? S.lastSeq : -1;
+  try {
+    sessionStorage.setItem(storageKey(S.sid), JSON.stringify({ lastSeq, events }));
+  } catch (e) { /* storage full: a reload then replays the stream from the start */ }
+}
+
 function saveSoon() {
-  if (S.saveTimer) return;
-  S.saveTimer = setTimeout(() => {
-    S.saveTimer = null;
-    if (!S.sid) return;
-    try {
-      sessionStorage.setItem(storageKey(S.sid), JSON.stringify({ lastSeq: S.lastSeq, events: S.events.slice(-4000) }));
-    } catch (e) { /* storage full: a reload then replays from the start */ }
-  }, 150);
+  if (!S.saveTimer) S.saveTimer = setTimeout(saveNow, 150);
 }
 
 function resetView() {
@@ -584,6 +589,7 @@ $("btn-attribute").addEventListener("click", attribute);
 $("fork-form").addEventListener("submit", fork);
 $("refresh-sessions").addEventListener("click", () => loadSessions(false));
 $("more-sessions").addEventListener("click", () => loadSessions(true));
+window.addEventListener("pagehide", saveNow);
 window.addEventListener("hashchange", () => {
   const m = location.hash.match(/^#session=([\w-]+)$/);
   if (m && m[1] !== S.sid) openSession(m[1]);
