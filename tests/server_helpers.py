@@ -36,10 +36,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def car_serve(journal: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
-    """Start `car --journal J serve --port 0 ARGS` and yield it once it listens; stop it with
-    SIGINT (a graceful shutdown) and fail if it does not exit."""
-    cmd = [*CAR, "--journal", str(journal), "serve", "--port", "0", *args]
+def car_serve(
+    journal: Path, *args: str, env: dict[str, str] | None = None, default_port: bool = False
+) -> Iterator[Server]:
+    """Start `car --journal J serve --port 0 ARGS` (no --port: the default 8008) and yield it
+    once it listens; stop it with SIGINT (a graceful shutdown) and fail if it does not exit."""
+    port = [] if default_port else ["--port", "0"]
+    cmd = [*CAR, "--journal", str(journal), "serve", *port, *args]
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,

@@ -518,3 +518,70 @@ def test_port_in_use_is_one_line_error(server: Server) -> None:
 
 def _json(r: httpx.Response) -> Any:
     return json.loads(r.text)
+
+
+def test_analyze_and_suggest(client: httpx.Client, finished: str) -> None:
+    """analyze returns the blog's format (scores and the four-signal breakdown for every agent,
+    the weights); suggest returns only the suggestion and the confidence, the same ones;
+    `method` may be given in the body."""
+    agents = ["planner", "hacker", "safecracker", "intel", "driver", "lookout"]
+    a = client.post("/api/ai-detect/analyze", json={"session_id": finished}).json()
+    assert a["session_id"] == finished and a["suggested_mole"] in agents
+    assert set(a["suspicion_scores"]) == set(agents)
+    for agent in agents:
+        row = a["score_breakdown"][agent]
+        for signal in ("tool_usage", "timing", "message_anomaly", "information_quality"):
+            assert 0.0 <= row[signal] <= 1.0
+    assert set(a["analysis_weights"]) >= {
+        "tool_usage_anomaly",
+        "timing_inconsistency",
+        "message_anomaly",
+        "information_quality",
+    }
+    s = client.post("/api/ai-detect/suggest", json={"session_id": finished, "method": "rules"})
+    assert s.status_code == 200
+    assert s.json() == {
+        "session_id": finished,
+        "suggested_mole": a["suggested_mole"],
+        "confidence": a["confidence"],
+    }
+    prefix = client.post("/api/ai-detect/suggest", json={"session_id": finished[:8]})
+    assert prefix.json()["session_id"] == finished
+
+
+def test_analyze_errors(client: httpx.Client) -> None:
+    """An unknown method is 422; a heist that still records is 409 (the detector reads
+    finished runs)."""
+    sid = start(client, seed=61, rounds=30, step_delay=0.05)
+    try:
+        r = client.post("/api/ai-detect/analyze", json={"session_id": sid, "method": "magic"})
+        assert r.status_code == 422 and "method" in r.json()["error"]
+        r = client.post("/api/ai-detect/analyze", json={"session_id": sid})
+        assert r.status_code == 409 and "still recording" in r.json()["error"]
+    finally:
+        client.post(f"/api/sessions/{sid}/stop")
+        wait_status(client, sid, {"stopped"})
+
+
+def test_the_blogs_curl_examples_on_port_8008(tmp_path: Path) -> None:
+    """`car serve` listens on 8008 by default, and the blog's two curl commands work as
+    written there (with a real session id in place of game_001)."""
+    import subprocess
+
+    journal = tmp_path / "j.db"
+    with car_serve(journal, default_port=True) as s, s.client() as c:
+        assert s.port == 8008
+        sid = start(c, seed=7, step_delay=0)
+        wait_status(c, sid, {"completed"})
+        for endpoint in ("analyze", "suggest"):
+            r = subprocess.run(
+                [
+                    "curl", "-s", "-X", "POST", f"http://localhost:8008/api/ai-detect/{endpoint}",
+                    "-H", "Content-Type: application/json",
+                    "-d", json.dumps({"session_id": sid}),
+                ],
+                capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+            data = json.loads(r.stdout)
+            assert data["session_id"] == sid and "confidence" in data
+            assert ("score_breakdown" in data) == (endpoint == "analyze")
