@@ -333,11 +333,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
                     422, f"Last-Event-ID must be a journal seq (an integer), got {last_event_id!r}"
                 ) from None
 
-        async def gen() -> AsyncIterator[dict[str, Any]]:
+        async def gen() -> AsyncIterator[bytes | dict[str, Any]]:
             last = start
-            async for seq, data in hub.events(run_id, start):
+            async for seq, chunk in hub.frames(run_id, start):
                 last = seq
-                yield {"id": str(seq), "data": json.dumps(data)}
+                yield chunk  # ready-made SSE frames, sent as they are
             status = await asyncio.to_thread(journal.status, run_id)
             # the end event carries no id, so a reconnect would still resume at `last`
             yield {"event": "end", "data": json.dumps({"status": status, "last_seq": last})}

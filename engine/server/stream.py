@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -57,12 +58,18 @@ class NotifyingJournal(Journal):
         return head
 
 
+def sse_frame(seq: int, data: dict[str, Any]) -> bytes:
+    """One SSE message: id = the journal seq, data = the event as one line of JSON."""
+    return f"id: {seq}\ndata: {json.dumps(data)}\n\n".encode()
+
+
 class RunFeed:
-    """The public events of one live run read so far, shared by every client watching it."""
+    """The public events of one live run read so far, shared by every client watching it.
+    Each event is encoded once, as its SSE frame, however many clients send it."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        self.events: list[tuple[int, dict[str, Any]]] = []
+        self.events: list[tuple[int, bytes]] = []
         self.seqs: list[int] = []
         self.scanned = -1  # every public event with seq <= scanned is in `events`
         self.finished = False
@@ -137,9 +144,10 @@ class StreamHub:
                         new, scanned = await asyncio.to_thread(
                             self._read_new, feed.run_id, feed.scanned
                         )
+                frames = [(seq, sse_frame(seq, data)) for seq, data in new]
                 async with feed.changed:
-                    for seq, data in new:
-                        feed.events.append((seq, data))
+                    for seq, frame in frames:
+                        feed.events.append((seq, frame))
                         feed.seqs.append(seq)
                     feed.scanned = scanned
                     feed.ready = True
@@ -170,18 +178,19 @@ class StreamHub:
             feed.task = asyncio.get_running_loop().create_task(self._follow(feed))
         return feed
 
-    async def events(
-        self, run_id: str, after: int = -1
-    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-        """Every public event of the run with seq > after, live until the run has ended."""
+    async def frames(self, run_id: str, after: int = -1) -> AsyncIterator[tuple[int, bytes]]:
+        """SSE frames of every public event of the run with seq > after, live until the run
+        has ended: (last seq in the chunk, the chunk). Events that arrived together go out
+        as one chunk (one write per client, however many events)."""
         status = await asyncio.to_thread(self._status, run_id)
         if status not in LIVE_STATUSES:
             # a finished run: its whole history, then the end
             history = await asyncio.to_thread(
                 lambda: list(public_events(self.journal, run_id, after))
             )
-            for item in history:
-                yield item
+            for lo in range(0, len(history), 200):
+                part = history[lo : lo + 200]
+                yield part[-1][0], b"".join(sse_frame(q, d) for q, d in part)
             return
         feed = self._feed(run_id)
         feed.clients += 1
@@ -190,10 +199,7 @@ class StreamHub:
             while True:
                 async with feed.changed:
                     while (
-                        feed.ready
-                        and i is not None
-                        and i >= len(feed.events)
-                        and not (feed.finished)
+                        feed.ready and i is not None and i >= len(feed.events) and not feed.finished
                     ):
                         await feed.changed.wait()
                     if not feed.ready:
@@ -204,8 +210,8 @@ class StreamHub:
                     batch = feed.events[i:]
                     finished = feed.finished
                 i += len(batch)
-                for item in batch:
-                    yield item
+                if batch:
+                    yield batch[-1][0], b"".join(frame for _, frame in batch)
                 if finished and i >= len(feed.events):
                     break
             # the feed stops at the run's end; an accusation made meanwhile is history
@@ -213,7 +219,7 @@ class StreamHub:
             tail = await asyncio.to_thread(
                 lambda: list(public_events(self.journal, run_id, max(last, after)))
             )
-            for item in tail:
-                yield item
+            if tail:
+                yield tail[-1][0], b"".join(sse_frame(q, d) for q, d in tail)
         finally:
             feed.clients -= 1
