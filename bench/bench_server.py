@@ -99,7 +99,7 @@ class InProcessServer:
         from engine.server import ServerSettings, create_app
 
         self.app = create_app(ServerSettings(journal=str(journal), max_heists=2))
-        self.sock = socket.socket()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))

@@ -74,7 +74,9 @@ def serve_cmd(
     app = create_app(settings)
     # bind first, so a taken port is one clear line instead of a uvicorn traceback
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP, and without it every response waits ~40 ms on the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
