@@ -205,6 +205,17 @@ def test_finished_run_branches_attribution_and_text_only(browser: Browser, serve
     assert "forward runs" in page.inner_text("#attribution")
     shot(page, "dashboard-finished", full=True)
 
+    # the blog's hint rule, on the page's own renderer: shown above 0.6 confidence only
+    for confidence, shown in ((0.6, False), (0.61, True), (0.95, True), (0.2, False)):
+        page.evaluate(
+            """c => renderAnalysis({suggested_mole: "intel", confidence: c,
+                 suspicion_scores: {intel: 0.9, hacker: 0.1}, score_breakdown: {}})""",
+            confidence,
+        )
+        assert page.locator("#hint").is_visible() == shown, confidence
+        if shown:
+            assert "intel is the mole" in page.inner_text("#hint")
+
     page.locator("#diff button", has_text="open branch").click()
     page.wait_for_function(
         "() => document.querySelectorAll('#feed li.msg').length === 24 && window.__car.ends > 0"

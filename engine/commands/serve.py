@@ -25,7 +25,9 @@ def serve_cmd(
             "exposes the server (it has no authentication) to the network.",
         ),
     ] = DEFAULT_HOST,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port.")] = DEFAULT_PORT,
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="TCP port (0: any free port).")
+    ] = DEFAULT_PORT,
     max_heists: Annotated[
         int,
         typer.Option(
@@ -63,6 +65,9 @@ def serve_cmd(
 
     from engine.server import ServerSettings, create_app
 
+    levels = ("critical", "error", "warning", "info", "debug", "trace")
+    if log_level.lower() not in levels:
+        fail(f"--access-log-level must be one of {', '.join(levels)}, got {log_level!r}", code=2)
     target = journal_target()
     settings = ServerSettings(
         journal=target,
@@ -91,6 +96,6 @@ def serve_cmd(
         f"journal {target}\n"
     )
     sys.stderr.flush()
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_level=log_level.lower(), timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
