@@ -811,6 +811,10 @@ def attribute_cmd(
     out.print(f"forward runs spent: {data['forward_runs']}", highlight=False)
 
 
+from engine.commands import detect as _detect_commands  # noqa: E402
+
+_detect_commands.register(app)
+
 from engine.commands import serve as _serve  # noqa: E402
 
 _serve.register(app)

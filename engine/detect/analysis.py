@@ -127,6 +127,7 @@ def analyze(
     Options: llm — `seed`, `timeout`, `max_tokens`, `journal_llm` (default True);
     causal — `k_max`, `k_min`, `batch`, `level`, `sequential`, `seed`, `concurrency`,
     `progress`; replay — `progress`."""
+    _pick(options)
     if method not in METHODS:
         raise DetectError(
             f"unknown detection method {method!r}; expected one of: " + ", ".join(METHODS)
@@ -135,11 +136,18 @@ def analyze(
     agents, messages, tools = inputs(view)
     if len(agents) < 2:
         raise DetectError(f"run {view.run_id!r} has {len(agents)} agents; detection needs two")
-    if view.status in ("recording", "paused"):
-        raise DetectError(f"run {view.run_id!r} is still recording; analyse it once it ended")
+    live = view.status in ("recording", "paused")
+    if live and method in ("causal", "replay"):
+        raise DetectError(
+            f"run {view.run_id!r} is still recording; the {method} detector re-runs the crew "
+            "and needs an ended run (rules and llm work on a live one)"
+        )
     rules = rule_scores(messages, tools, agents)
     weights: dict[str, float] = dict(WEIGHTS)
     warnings: list[str] = []
+    if live:
+        # the blog's dashboard analyses a game after a few turns; say what was seen
+        warnings.append(f"the run is still {view.status}: analysed its first {view.steps} steps")
     if not messages:
         warnings.append("the run has no messages: every rule signal is 0")
     if method == "rules":
@@ -214,10 +222,26 @@ def analyze(
     )
 
 
+OPTIONS = frozenset(
+    {
+        "k_max",
+        "k_min",
+        "batch",
+        "level",
+        "sequential",
+        "seed",
+        "concurrency",
+        "progress",
+        "timeout",
+        "max_tokens",
+        "journal_llm",
+    }
+)
+
+
 def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
-    unknown = (
-        set(options) - set(names) - {"seed", "timeout", "max_tokens", "journal_llm", "progress"}
-    )
+    """The options one method takes; a misspelt option fails rather than being ignored."""
+    unknown = set(options) - OPTIONS
     if unknown:
         raise DetectError(f"unknown detection option(s): {', '.join(sorted(unknown))}")
     return {k: v for k, v in options.items() if k in names and v is not None}

@@ -68,14 +68,20 @@ def confidence(
 def fit(rows: Sequence[tuple[float, int, bool]], l2: float = 1e-3) -> list[float]:
     """Logistic fit of (margin, n_agents, suggested agent was the mole) rows; returns a, b, c.
 
-    A small L2 penalty keeps the fit finite when the training games separate perfectly."""
+    A small L2 penalty on the slopes keeps the fit finite when margins separate hits from
+    misses perfectly."""
     import numpy as np
     from scipy.optimize import minimize
 
     if not rows:
         raise ValueError("cannot fit a calibration on no games")
     x = np.array([[*features(m, n), 1.0] for m, n, _ in rows])
-    y = np.array([1.0 if hit else 0.0 for _, _, hit in rows])
+    # Platt's target smoothing: hits count as (N+ + 1)/(N+ + 2), misses as 1/(N- + 2). Without
+    # it a method that was right on every training game gets a confidence of 1.0, which no
+    # finite sample supports.
+    pos = sum(1 for *_, hit in rows if hit)
+    neg = len(rows) - pos
+    y = np.array([(pos + 1) / (pos + 2) if hit else 1 / (neg + 2) for *_, hit in rows])
 
     def loss(w: Any) -> tuple[float, Any]:
         z = x @ w

@@ -73,7 +73,10 @@ class ReplayResult:
 
     @property
     def scores(self) -> dict[str, float]:
-        return {a: 1.0 - (self.matched[a] / self.steps[a] if self.steps[a] else 1.0) for a in self.agents}
+        return {
+            a: 1.0 - (self.matched[a] / self.steps[a] if self.steps[a] else 1.0)
+            for a in self.agents
+        }
 
     def extra(self) -> dict[str, Any]:
         def ci(a: str) -> tuple[float, float]:
