@@ -549,14 +549,17 @@ def test_analyze_and_suggest(client: httpx.Client, finished: str) -> None:
     assert prefix.json()["session_id"] == finished
 
 
-def test_analyze_errors(client: httpx.Client) -> None:
-    """An unknown method is 422; a heist that still records is 409 (the detector reads
-    finished runs)."""
+def test_analyze_errors_and_live_runs(client: httpx.Client) -> None:
+    """An unknown method is 422; on a heist that still records, the rules analyse the steps so
+    far and say so, while the causal detector (it re-runs the crew) answers 409."""
     sid = start(client, seed=61, rounds=30, step_delay=0.05)
     try:
         r = client.post("/api/ai-detect/analyze", json={"session_id": sid, "method": "magic"})
         assert r.status_code == 422 and "method" in r.json()["error"]
         r = client.post("/api/ai-detect/analyze", json={"session_id": sid})
+        assert r.status_code == 200, r.text
+        assert any("still" in w for w in r.json()["warnings"])
+        r = client.post("/api/ai-detect/analyze", json={"session_id": sid, "method": "causal"})
         assert r.status_code == 409 and "still recording" in r.json()["error"]
     finally:
         client.post(f"/api/sessions/{sid}/stop")

@@ -291,9 +291,9 @@ function setStatus(status) {
   $("btn-pause").disabled = !(S.controllable && status === "recording");
   $("btn-resume").disabled = !(S.controllable && status === "paused");
   $("btn-stop").disabled = !(S.controllable && live);
-  // the detector reads a finished run (stop a live heist to analyse it now)
-  $("btn-analyze").disabled = !S.sid || live;
-  $("btn-analyze").title = live ? "available once the heist has ended (Stop ends it now)" : "";
+  // rules and llm read a live run's steps so far; causal and replay need it ended (the
+  // server says so if asked)
+  $("btn-analyze").disabled = !S.sid;
   $("btn-reveal").disabled = live || !!S.verdict;
   if (!live) $("progress-bar").style.background = status === "completed" ? "var(--ok)" : "var(--bad)";
   else $("progress-bar").style.background = "";
