@@ -815,6 +815,10 @@ from engine.commands import detect as _detect_commands  # noqa: E402
 
 _detect_commands.register(app)
 
+from engine.commands import serve as _serve  # noqa: E402
+
+_serve.register(app)
+
 
 def main() -> None:
     """Entry point: engine errors and usage errors become one clean line and a non-zero exit."""

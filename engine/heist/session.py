@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -164,8 +165,13 @@ def record_heist(
     on_step: StepCallback | None = None,
     server: str | None = None,
     label: str = "",
+    group_ms: float = DEFAULT_GROUP_MS,
+    on_created: Callable[[str], None] | None = None,
 ) -> EpisodeResult:
-    """Record one heist from scratch: RunStarted, the secret mole, every step, RunEnded."""
+    """Record one heist from scratch: RunStarted, the secret mole, every step, RunEnded.
+
+    `on_created(run_id)` is called once the opening events are committed (a live viewer can
+    follow the run from then on); `group_ms=0` commits every step on its own."""
     cfg = config or load_agents_config(config_path)
     scenario = HeistScenario(cfg, seed, rounds)
     clk = clock or SystemClock()
@@ -183,8 +189,11 @@ def record_heist(
         mole=None if no_mole else (mole_agent, chosen_strategy),
         context_window=context_window,
     )
-    recorder = Recorder(journal, run_id, State(), 0, group_ms=DEFAULT_GROUP_MS)
+    recorder = Recorder(journal, run_id, State(), 0, group_ms=group_ms)
     recorder.append(opening)
+    if on_created is not None:
+        recorder.flush()
+        on_created(run_id)
     return run_episode(
         recorder,
         scenario,

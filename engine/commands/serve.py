@@ -1,0 +1,101 @@
+"""`car serve`: the detection server and the live dashboard."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from engine.commands.common import fail, journal_target
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8008
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_cmd)
+
+
+def serve_cmd(
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to bind. The default serves this machine only; 0.0.0.0 "
+            "exposes the server (it has no authentication) to the network.",
+        ),
+    ] = DEFAULT_HOST,
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="TCP port (0: any free port).")
+    ] = DEFAULT_PORT,
+    max_heists: Annotated[
+        int,
+        typer.Option(
+            "--max-heists", min=1, help="Heists that may record at once; more get HTTP 429."
+        ),
+    ] = 4,
+    sim_step_delay: Annotated[
+        float,
+        typer.Option(
+            "--sim-step-delay",
+            min=0.0,
+            max=10.0,
+            help="Seconds between steps of a quick-started sim heist, so it can be watched "
+            "live (the sim policy itself takes well under a millisecond). 0: full speed.",
+        ),
+    ] = 0.5,
+    detect_base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--detect-base-url", help="OpenAI-compatible server for the llm analysis methods."
+        ),
+    ] = None,
+    detect_model: Annotated[
+        str | None, typer.Option("--detect-model", help="Model for the llm analysis methods.")
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option("--access-log-level", help="uvicorn log level (info shows requests).")
+    ] = "warning",
+) -> None:
+    """Serve the dashboard and the API (http://127.0.0.1:8008, API docs at /docs)."""
+    import socket
+    import sys
+
+    import uvicorn
+
+    from engine.server import ServerSettings, create_app
+
+    levels = ("critical", "error", "warning", "info", "debug", "trace")
+    if log_level.lower() not in levels:
+        fail(f"--access-log-level must be one of {', '.join(levels)}, got {log_level!r}", code=2)
+    target = journal_target()
+    settings = ServerSettings(
+        journal=target,
+        max_heists=max_heists,
+        sim_step_delay=sim_step_delay,
+        detect_base_url=detect_base_url,
+        detect_model=detect_model,
+    )
+    app = create_app(settings)
+    # bind first, so a taken port is one clear line instead of a uvicorn traceback
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP, and without it every response waits ~40 ms on the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        fail(f"cannot listen on {host}:{port}: {e.strerror}")
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    # one unwrapped line: scripts (and the tests) read the port from it
+    sys.stderr.write(
+        f"car serve: dashboard http://{shown}:{bound}/  API docs http://{shown}:{bound}/docs  "
+        f"journal {target}\n"
+    )
+    sys.stderr.flush()
+    config = uvicorn.Config(app, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])

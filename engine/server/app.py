@@ -1,0 +1,491 @@
+"""The detection server: the blog's API and dashboard on the journal (FastAPI).
+
+Routes (all JSON unless said otherwise; `session_id` is a run id or a unique prefix):
+
+  POST /api/ai-detect/analyze        {"session_id", "method"?}  the full analysis
+  POST /api/ai-detect/suggest        {"session_id", "method"?}  suggested_mole + confidence
+  GET  /api/sessions?limit&offset    heists, newest first
+  POST /api/sessions                 quick-start a heist in the background (202)
+  GET  /api/sessions/{id}            public transcript, tool usage and statistics
+  GET  /api/sessions/{id}/events     Server-Sent Events of the public events (Last-Event-ID)
+  POST /api/sessions/{id}/pause|resume|stop   at the next step, journaled (202)
+  POST /api/sessions/{id}/accuse     {"suspect"?} verdict, then the reveal
+  GET  /api/sessions/{id}/tree       the branch tree of the run's family
+  POST /api/sessions/{id}/fork       {"at", "do", "value"?, "n"?, "seed"?} outcome distribution
+  POST /api/sessions/{id}/attribution {"method"?, ...} the attribution table
+  GET  /api/sessions/{id}/diff       a branch against its parent (word diff)
+  GET  /                             the dashboard; GET /docs the OpenAPI page
+
+Errors are JSON `{"error": "...", ...}`: 404 names the unknown session, 422 a bad body or value,
+409 an action that does not apply to the run as it is, 429 when every recording slot is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse
+
+from engine.errors import ConfigError, EngineError, InterventionError, UnknownRun
+from engine.heist.session import engine_version
+from engine.journal import Journal
+from engine.server import views
+from engine.server.runner import HeistRunner, NotControllable, TooManyHeists
+from engine.server.stream import LIVE_STATUSES, NotifyingJournal, StreamHub
+
+STATIC = resources.files("engine.server") / "static"
+DETECT_METHODS = ("rules", "llm", "rules+llm", "causal", "replay")
+FORK_OPS = ("resample", "action", "observation", "context", "policy")
+MAX_BRANCHES = 200
+
+
+@dataclass
+class ServerSettings:
+    journal: str
+    max_heists: int = 4
+    sim_step_delay: float = 0.5
+    detect_base_url: str | None = None
+    detect_model: str | None = None
+    poll_seconds: float = 0.25
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.extra = extra
+
+
+def _not_found(session_id: str) -> ApiError:
+    return ApiError(404, f"unknown session {session_id!r}", session_id=session_id)
+
+
+# ------------------------------------------------------------------ bodies
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DetectRequest(_Body):
+    session_id: str = Field(min_length=1, max_length=200, examples=["96127e6a62b9"])
+    method: Literal["rules", "llm", "rules+llm", "causal", "replay"] = "rules"
+    base_url: str | None = Field(
+        default=None, description="OpenAI-compatible server for llm methods."
+    )
+    model: str | None = None
+
+
+class QuickStart(_Body):
+    policy: Literal["sim", "sim-honest", "openai"] = "sim"
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1, description="Default: random.")
+    rounds: int = Field(default=4, ge=1, le=100, description="Turns per agent.")
+    config: str | None = Field(
+        default=None, max_length=100_000, description="Crew YAML (as `car heist --config` reads)."
+    )
+    base_url: str | None = Field(default=None, description="policy openai: the server's URL.")
+    model: str | None = Field(default=None, description="policy openai: the model name.")
+    step_delay: float | None = Field(
+        default=None, ge=0.0, le=10.0, description="Seconds between steps (default: the server's)."
+    )
+
+
+class AccuseRequest(_Body):
+    suspect: str | None = Field(
+        default=None, max_length=64, description="Omit to give up (BUSTED)."
+    )
+
+
+class ForkRequest(_Body):
+    at: int = Field(ge=0, description="The step to intervene on.")
+    do: Literal["resample", "action", "observation", "context", "policy"]
+    value: str | dict[str, Any] | None = Field(
+        default=None,
+        description="action/observation: text; context: text or {step, text}; "
+        "policy: sim | sim-honest | openai.",
+    )
+    n: int = Field(default=20, ge=1, le=MAX_BRANCHES, description="Branches.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    concurrency: int = Field(default=1, ge=1, le=16)
+
+
+class AttributionRequest(_Body):
+    method: Literal["contrastive", "shapley"] = "contrastive"
+    players: Literal["steps", "agents"] = "steps"
+    k: int | None = Field(default=None, ge=1, le=1000)
+    budget: int = Field(default=2000, ge=1, le=20000)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    concurrency: int = Field(default=1, ge=1, le=16)
+    half_width: float = Field(default=0.1, gt=0.0, le=1.0)
+
+
+# ------------------------------------------------------------------ app
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    journal: Journal = NotifyingJournal(settings.journal)
+    runner = HeistRunner(journal, max_heists=settings.max_heists)
+    hub = StreamHub(journal, poll_seconds=settings.poll_seconds)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        hub.bind(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            # every heist this server records is closed in the journal before it exits
+            await asyncio.to_thread(runner.shutdown)
+            await hub.close()
+            journal.close()
+
+    app = FastAPI(
+        title="Causal Agent Replay: detection server",
+        version=engine_version(),
+        description="The mole game in a browser: record heists, watch them live, ask the "
+        "detector, accuse and reveal; fork and attribute finished runs.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.journal = journal
+    app.state.runner = runner
+    app.state.hub = hub
+    app.state.settings = settings
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message, **exc.extra}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_body(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        msg = f"bad request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
+        return JSONResponse(
+            {"error": msg, "detail": json.loads(json.dumps(errors, default=str))},
+            status_code=422,
+        )
+
+    def resolve(session_id: str) -> str:
+        try:
+            return journal.run(session_id).run_id
+        except UnknownRun:
+            raise _not_found(session_id) from None
+
+    # -------------------------------------------------------------- pages
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(str(STATIC / "index.html"), media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    _mount_swagger(app)
+
+    @app.get("/api/health", tags=["server"])
+    def health() -> dict[str, Any]:
+        """The server's version, journal and recording slots."""
+        return {
+            "ok": True,
+            "version": engine_version(),
+            "journal": journal.url if journal.path is None else str(journal.path),
+            "recording": runner.active(),
+            "max_heists": runner.max_heists,
+        }
+
+    # -------------------------------------------------------------- detection
+
+    def _analyze(body: DetectRequest) -> dict[str, Any]:
+        run_id = resolve(body.session_id)
+        try:
+            from engine.detect import analyze
+        except ImportError:
+            raise ApiError(501, "the sabotage detector is not part of this build") from None
+        try:
+            return analyze(
+                journal,
+                run_id,
+                method=body.method,
+                base_url=body.base_url or settings.detect_base_url,
+                model=body.model or settings.detect_model,
+            )
+        except UnknownRun:
+            raise _not_found(body.session_id) from None
+        except ConfigError as e:
+            raise ApiError(422, str(e), session_id=run_id) from e
+        except EngineError as e:
+            raise ApiError(409, str(e), session_id=run_id) from e
+
+    @app.post("/api/ai-detect/analyze", tags=["detection"])
+    def analyze_session(body: DetectRequest) -> dict[str, Any]:
+        """The full analysis: suspicion per agent, the four-signal breakdown, the weights."""
+        return _analyze(body)
+
+    @app.post("/api/ai-detect/suggest", tags=["detection"])
+    def suggest_mole(body: DetectRequest) -> dict[str, Any]:
+        """Only the suggested mole and the confidence."""
+        a = _analyze(body)
+        return {
+            "session_id": a.get("session_id"),
+            "suggested_mole": a.get("suggested_mole"),
+            "confidence": a.get("confidence"),
+        }
+
+    # -------------------------------------------------------------- sessions
+
+    @app.get("/api/sessions", tags=["sessions"])
+    def sessions(
+        limit: int = Query(20, ge=1, le=200), offset: int = Query(0, ge=0)
+    ) -> dict[str, Any]:
+        """Recorded heists with status and outcome, newest first, one page."""
+        return views.list_sessions(journal, limit, offset)
+
+    @app.post("/api/sessions", status_code=202, tags=["sessions"])
+    def quick_start(body: QuickStart | None = None) -> dict[str, Any]:
+        """Quick-start a heist with every agent of the crew; it records in the background."""
+        body = body or QuickStart()
+        from engine.heist.config import load_agents_config, parse_agents_config
+        from engine.policies.registry import make_policy
+
+        try:
+            crew = (
+                parse_agents_config(body.config, "config")
+                if body.config is not None
+                else load_agents_config()
+            )
+            spec: dict[str, Any] = {"name": body.policy}
+            if body.policy == "openai":
+                spec["base_url"] = body.base_url or "http://localhost:1234/v1"
+                spec["model"] = body.model or "local-model"
+            elif body.base_url or body.model:
+                raise ConfigError("base_url and model apply to policy openai only")
+            policy = make_policy(spec)
+        except ConfigError as e:
+            raise ApiError(422, str(e)) from e
+        seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "big")
+        delay = body.step_delay
+        if delay is None:
+            delay = settings.sim_step_delay if body.policy.startswith("sim") else 0.0
+        try:
+            run_id = runner.start(
+                policy,
+                seed=seed,
+                rounds=body.rounds,
+                config=crew,
+                step_delay=delay,
+                server=spec.get("base_url"),
+            )
+        except TooManyHeists as e:
+            raise ApiError(429, str(e), recording=runner.active()) from e
+        except ConfigError as e:
+            raise ApiError(422, str(e)) from e
+        return {
+            "session_id": run_id,
+            "status": journal.status(run_id),
+            "agents": list(crew.names),
+            "policy": body.policy,
+            # no seed: the mole is drawn from it, so it would be the answer
+            "rounds": body.rounds,
+            "step_delay": delay,
+            "events": f"/api/sessions/{run_id}/events",
+        }
+
+    @app.get("/api/sessions/{session_id}", tags=["sessions"])
+    def session_detail(session_id: str) -> dict[str, Any]:
+        """Public transcript and tool usage (the mole only after the verdict)."""
+        run_id = resolve(session_id)
+        data = views.public_view(journal, run_id)
+        data["controllable"] = runner.get(run_id) is not None
+        return data
+
+    @app.get("/api/sessions/{session_id}/events", tags=["sessions"])
+    async def session_events(
+        request: Request,
+        session_id: str,
+        last_event_id: str | None = Header(None, alias="Last-Event-ID"),
+        after: int | None = Query(
+            None, ge=-1, description="Resume after this seq (when no Last-Event-ID header)."
+        ),
+    ) -> EventSourceResponse:
+        """Server-Sent Events: each public event with `id` = its journal seq; a reconnect with
+        Last-Event-ID resumes right after it. Ends with an `end` event once the run has."""
+        run_id = await asyncio.to_thread(resolve, session_id)
+        start = -1 if after is None else after
+        if last_event_id:
+            try:
+                start = int(last_event_id)
+            except ValueError:
+                raise ApiError(
+                    422, f"Last-Event-ID must be a journal seq (an integer), got {last_event_id!r}"
+                ) from None
+
+        async def gen() -> AsyncIterator[bytes | dict[str, Any]]:
+            last = start
+            async for seq, chunk in hub.frames(run_id, start):
+                last = seq
+                yield chunk  # ready-made SSE frames, sent as they are
+            status = await asyncio.to_thread(journal.status, run_id)
+            # the end event carries no id, so a reconnect would still resume at `last`
+            yield {"event": "end", "data": json.dumps({"status": status, "last_seq": last})}
+
+        return EventSourceResponse(gen(), ping=15, headers={"X-Accel-Buffering": "no"})
+
+    def _control(session_id: str, action: str) -> dict[str, Any]:
+        run_id = resolve(session_id)
+        try:
+            runner.request(run_id, action)
+        except NotControllable as e:
+            raise ApiError(409, str(e), session_id=run_id, run_status=journal.status(run_id)) from e
+        return {"session_id": run_id, "action": action, "requested": True}
+
+    @app.post("/api/sessions/{session_id}/pause", status_code=202, tags=["control"])
+    def pause(session_id: str) -> dict[str, Any]:
+        """Pause at the next step (a Control event marks where)."""
+        return _control(session_id, "pause")
+
+    @app.post("/api/sessions/{session_id}/resume", status_code=202, tags=["control"])
+    def resume(session_id: str) -> dict[str, Any]:
+        """Resume a paused heist."""
+        return _control(session_id, "resume")
+
+    @app.post("/api/sessions/{session_id}/stop", status_code=202, tags=["control"])
+    def stop(session_id: str) -> dict[str, Any]:
+        """Stop at the next step; the run is closed as stopped."""
+        return _control(session_id, "stop")
+
+    @app.post("/api/sessions/{session_id}/accuse", tags=["game"])
+    def accuse(session_id: str, body: AccuseRequest | None = None) -> dict[str, Any]:
+        """Name your suspect (or nobody): the verdict, then the mole and its strategy."""
+        from engine.heist.session import accuse_run
+
+        run_id = resolve(session_id)
+        suspect = (body or AccuseRequest()).suspect
+        status = journal.status(run_id)
+        if status in LIVE_STATUSES:
+            raise ApiError(
+                409,
+                f"session {run_id!r} is still {status}; accuse once it has ended",
+                session_id=run_id,
+                run_status=status,
+            )
+        try:
+            result = accuse_run(journal, run_id, suspect)
+        except ConfigError as e:
+            raise ApiError(422, str(e), session_id=run_id) from e
+        except EngineError as e:
+            raise ApiError(409, str(e), session_id=run_id) from e
+        return {
+            "session_id": result.run_id,
+            "suspect": result.suspect,
+            "verdict": result.verdict,
+            "mole": result.mole,
+            "strategy": result.strategy,
+        }
+
+    # -------------------------------------------------------------- branches
+
+    @app.get("/api/sessions/{session_id}/tree", tags=["branches"])
+    def tree(session_id: str) -> dict[str, Any]:
+        """The family of the run: its root and every branch, with outcomes."""
+        return views.branch_tree(journal, resolve(session_id))
+
+    def _ended(run_id: str, what: str) -> None:
+        status = journal.status(run_id)
+        if status in LIVE_STATUSES:
+            raise ApiError(
+                409,
+                f"session {run_id!r} is still {status}; {what} it once it has ended",
+                session_id=run_id,
+                run_status=status,
+            )
+
+    @app.post("/api/sessions/{session_id}/fork", tags=["branches"])
+    def fork(session_id: str, body: ForkRequest) -> dict[str, Any]:
+        """N branches from step `at` with one do() intervention; bad rate and Wilson 95% CI."""
+        from engine.interventions import fork_many, parse_intervention
+
+        run_id = resolve(session_id)
+        _ended(run_id, "fork")
+        value = body.value
+        text = json.dumps(value) if isinstance(value, dict) else value
+        try:
+            iv = parse_intervention(body.do, body.at, text)
+            report = fork_many(
+                journal, run_id, iv, body.n, seed=body.seed, concurrency=body.concurrency
+            )
+        except (InterventionError, ConfigError) as e:
+            raise ApiError(422, str(e), session_id=run_id) from e
+        except EngineError as e:
+            raise ApiError(409, str(e), session_id=run_id) from e
+        return report.to_dict()
+
+    @app.post("/api/sessions/{session_id}/attribution", tags=["branches"])
+    def attribution(session_id: str, body: AttributionRequest | None = None) -> dict[str, Any]:
+        """Which step (or agent) caused the failure: the ranked attribution table."""
+        from engine.attribution.heist_report import attribute_run
+
+        body = body or AttributionRequest()
+        run_id = resolve(session_id)
+        _ended(run_id, "attribute")
+        try:
+            data = attribute_run(
+                journal,
+                run_id,
+                method=body.method,
+                players=body.players,
+                k=body.k,
+                budget=body.budget,
+                seed=body.seed,
+                concurrency=body.concurrency,
+                half_width=body.half_width,
+            )
+        except (ConfigError, InterventionError) as e:
+            raise ApiError(422, str(e), session_id=run_id) from e
+        except EngineError as e:
+            raise ApiError(409, str(e), session_id=run_id) from e
+        data.pop("detail", None)
+        return data
+
+    @app.get("/api/sessions/{session_id}/diff", tags=["branches"])
+    def diff(session_id: str) -> dict[str, Any]:
+        """A branch against its parent: first diverging step and word diffs."""
+        run_id = resolve(session_id)
+        try:
+            return views.branch_diff(journal, run_id)
+        except views.NotABranch as e:
+            raise ApiError(409, str(e), session_id=run_id) from e
+
+    return app
+
+
+def _mount_swagger(app: FastAPI) -> None:
+    """The OpenAPI page from the Swagger UI that the fastapi-offline package ships (no CDN:
+    the page works without internet access)."""
+    import fastapi_offline
+
+    static = resources.files(fastapi_offline) / "static"
+    app.mount("/docs-static", StaticFiles(directory=str(static)), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - API",
+            swagger_js_url="/docs-static/swagger-ui-bundle.js",
+            swagger_css_url="/docs-static/swagger-ui.css",
+            swagger_favicon_url="/docs-static/favicon.png",
+        )

@@ -1,0 +1,605 @@
+// The mole game dashboard: plain JS, no build step. Everything a model or a user wrote is
+// inserted as text (textContent / text nodes), never as HTML.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const PALETTE = ["#2f3a8f", "#0f7b6c", "#b45309", "#7c3aed", "#be185d", "#0369a1", "#4d7c0f", "#9f1239"];
+const LIVE = new Set(["recording", "paused"]);
+const SIGNALS = [
+  ["tool_usage", "tools"], ["timing", "timing"], ["message_anomaly", "messages"],
+  ["information_quality", "info"], ["llm", "llm"],
+];
+
+const S = {
+  sid: null, es: null, lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0,
+  status: null, controllable: false, suspect: null, verdict: null, stepsEl: new Map(),
+  tools: [], sessionsOffset: 0, saveTimer: null,
+};
+// what the server sent, duplicates included: the browser tests read it
+window.__car = { received: [], shown: [], resumedFrom: null, ends: 0 };
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(props || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "dataset") Object.assign(node.dataset, v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (k === "style") node.setAttribute("style", v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+
+function colorOf(agent) {
+  const i = S.agents.indexOf(agent);
+  if (i >= 0) return PALETTE[i % PALETTE.length];
+  let h = 0;
+  for (const ch of String(agent)) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
+  return PALETTE[h % PALETTE.length];
+}
+
+function avatar(agent) {
+  return el("span", { class: "avatar", style: `background:${colorOf(agent)}` },
+    String(agent || "?").slice(0, 1).toUpperCase());
+}
+
+let toastTimer = null;
+function toast(message, isError) {
+  const t = $("toast");
+  t.textContent = message;
+  t.className = "toast" + (isError ? " error" : "");
+  t.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => { t.hidden = true; }, isError ? 6000 : 3000);
+}
+
+async function api(method, path, body) {
+  const opts = { method, headers: {} };
+  if (body !== undefined) {
+    opts.headers["Content-Type"] = "application/json";
+    opts.body = JSON.stringify(body);
+  }
+  let res;
+  try {
+    res = await fetch(path, opts);
+  } catch (e) {
+    return { ok: false, status: 0, data: { error: "the server is not reachable" } };
+  }
+  let data = null;
+  try { data = await res.json(); } catch (e) { data = { error: res.statusText }; }
+  return { ok: res.ok, status: res.status, data };
+}
+
+function fmtPct(x) { return x === null || x === undefined ? "–" : `${Math.round(x * 100)}%`; }
+function fmt3(x) { return x === null || x === undefined ? "–" : Number(x).toFixed(3); }
+function short(text, n) { text = String(text ?? ""); return text.length > n ? text.slice(0, n - 1) + "…" : text; }
+
+// ------------------------------------------------------------------ sessions list
+
+async function loadSessions(append) {
+  if (!append) S.sessionsOffset = 0;
+  const r = await api("GET", `/api/sessions?limit=15&offset=${S.sessionsOffset}`);
+  if (!r.ok) return;
+  const list = $("sessions");
+  if (!append) clear(list);
+  for (const s of r.data.sessions) {
+    const outcome = s.outcome ? (s.outcome.bad ? el("span", { class: "pill bad" }, "bad") : el("span", { class: "pill ok" }, "ok")) : null;
+    const when = new Date(s.created_at);
+    const btn = el("button", {
+      type: "button", class: s.session_id === S.sid ? "current" : null,
+      dataset: { session: s.session_id },
+      onclick: () => openSession(s.session_id),
+    },
+      el("span", { class: "row" }, el("code", {}, s.session_id), el("span", { class: `pill ${s.status}` }, s.status)),
+      el("span", { class: "row muted small" },
+        el("span", {}, `${s.steps} steps · ${isNaN(when) ? "" : when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}`),
+        outcome),
+    );
+    list.append(el("li", {}, btn));
+  }
+  S.sessionsOffset += r.data.sessions.length;
+  $("more-sessions").hidden = S.sessionsOffset >= r.data.total;
+  if (!r.data.total && !append) list.append(el("li", { class: "muted small" }, "No heists recorded yet."));
+}
+
+// ------------------------------------------------------------------ open a session
+
+function storageKey(sid) { return `car.stream.${sid}`; }
+
+function saveNow() {
+  clearTimeout(S.saveTimer);
+  S.saveTimer = null;
+  if (!S.sid) return;
+  // only a contiguous prefix is kept, so a reload resumes right after what it restores
+  const events = S.events.length > 4000 ? [] : S.events;
+  const lastSeq = events.length ? S.lastSeq : -1;
+  try {
+    sessionStorage.setItem(storageKey(S.sid), JSON.stringify({ lastSeq, events }));
+  } catch (e) { /* storage full: a reload then replays the stream from the start */ }
+}
+
+function saveSoon() {
+  if (!S.saveTimer) S.saveTimer = setTimeout(saveNow, 150);
+}
+
+function resetView() {
+  if (S.es) { S.es.close(); S.es = null; }
+  Object.assign(S, { lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0, status: null,
+    controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [] });
+  window.__car.received = []; window.__car.shown = []; window.__car.resumedFrom = null;
+  for (const id of ["feed", "badges", "analysis", "reveal", "tool-stats", "outcome", "attribution", "fork-result", "tree", "diff"]) clear($(id));
+  $("attribution").append(el("p", { class: "muted" }, "Counterfactual forward runs rank each step by how often re-deciding it rescues the heist."));
+  $("hint").hidden = true;
+  $("finished").hidden = true;
+  $("lab").hidden = true;
+  $("suspect-line").textContent = "No suspect marked yet.";
+}
+
+async function openSession(sid, opts) {
+  opts = opts || {};
+  resetView();
+  S.sid = sid;
+  if (location.hash !== `#session=${sid}`) history.replaceState(null, "", `#session=${sid}`);
+  $("empty").hidden = true;
+  $("session").hidden = false;
+  $("sid").textContent = sid;
+  for (const b of document.querySelectorAll(".session-list button")) b.classList.toggle("current", b.dataset.session === sid);
+  const r = await api("GET", `/api/sessions/${encodeURIComponent(sid)}`);
+  if (!r.ok) {
+    toast(r.data.error || `cannot open session ${sid}`, true);
+    $("session").hidden = true; $("empty").hidden = false;
+    return;
+  }
+  if (S.sid !== sid) return;
+  applyDetail(r.data);
+  let cached = null;
+  if (opts.resume) {
+    try { cached = JSON.parse(sessionStorage.getItem(storageKey(sid)) || "null"); } catch (e) { cached = null; }
+  }
+  if (cached && Array.isArray(cached.events)) {
+    for (const e of cached.events) handle(e, false);
+    S.lastSeq = cached.lastSeq;
+    window.__car.resumedFrom = cached.lastSeq;
+    document.body.dataset.resumedFrom = String(cached.lastSeq);
+  }
+  connect(sid);
+}
+
+function applyDetail(d) {
+  S.controllable = !!d.controllable;
+  S.agents = d.agents || [];
+  S.rounds = d.rounds || 0;
+  setStatus(d.status);
+  $("meta").textContent = `policy ${d.policy || "?"} · ${S.agents.length} agents · ${d.rounds ?? "?"} rounds`
+    + (d.parent_run_id ? ` · branch of ${d.parent_run_id} at step ${d.fork_step}` : "");
+  renderBadges();
+  if (d.outcome || !LIVE.has(d.status)) renderOutcome(d);
+  if (d.verdict) renderVerdict(d.verdict);
+}
+
+function connect(sid) {
+  const url = `/api/sessions/${encodeURIComponent(sid)}/events?after=${S.lastSeq}`;
+  const es = new EventSource(url);
+  S.es = es;
+  es.onmessage = (m) => {
+    if (S.sid !== sid) return;
+    const e = JSON.parse(m.data);
+    window.__car.received.push(e.seq);
+    handle(e, true);
+  };
+  es.addEventListener("end", async () => {
+    es.close();
+    window.__car.ends += 1;
+    if (S.sid !== sid) return;
+    $("live").hidden = true;
+    const r = await api("GET", `/api/sessions/${encodeURIComponent(sid)}`);
+    if (r.ok && S.sid === sid) { applyDetail(r.data); showLab(); }
+    loadSessions(false);
+  });
+  es.onerror = () => { /* EventSource reconnects by itself with Last-Event-ID */ };
+}
+
+// ------------------------------------------------------------------ events
+
+function handle(e, live) {
+  if (e.seq <= S.lastSeq || S.seen.has(e.seq)) return;
+  S.seen.add(e.seq);
+  S.lastSeq = e.seq;
+  S.events.push(e);
+  window.__car.shown.push(e.seq);
+  switch (e.kind) {
+    case "run_started":
+      S.agents = e.agents; S.rounds = e.rounds; renderBadges(); setStatus("recording");
+      break;
+    case "tool_result":
+      S.tools.push(e); addTool(e); renderStats(); break;
+    case "message":
+      addMessage(e); break;
+    case "control":
+      sysLine(e.seq, { pause: "⏸ paused", resume: "▶ resumed", stop: "⏹ stopped" }[e.action] || e.action);
+      setStatus(e.action === "pause" ? "paused" : e.action === "resume" ? "recording" : S.status);
+      break;
+    case "run_ended":
+      sysLine(e.seq, `heist ${e.status}` + (e.error ? `: ${e.error}` : ""));
+      setStatus(e.status);
+      break;
+    case "verdict":
+      renderVerdict(e); break;
+  }
+  if (e.step !== null && e.step !== undefined) updateProgress(e.step + 1);
+  if (live) {
+    saveSoon();
+    const feed = $("feed");
+    feed.scrollTop = feed.scrollHeight;
+  }
+}
+
+function stepItem(e) {
+  let li = S.stepsEl.get(e.step);
+  if (li) return li;
+  const text = el("p", { class: "text" });
+  const tools = el("div", { class: "tools" });
+  li = el("li", { dataset: { step: e.step, agent: e.agent } },
+    avatar(e.agent),
+    el("div", {}, el("span", { class: "who" }, e.agent), el("span", { class: "step" }, `step ${e.step}`), text, tools));
+  li._text = text; li._tools = tools;
+  S.stepsEl.set(e.step, li);
+  $("feed").append(li);
+  return li;
+}
+
+function addMessage(e) {
+  const li = stepItem(e);
+  li._text.textContent = e.text;
+  li.dataset.seq = e.seq;
+  li.classList.add("msg");
+}
+
+function addTool(e) {
+  const li = stepItem(e);
+  const result = e.success ? (e.output || "") : (e.error || "failed");
+  li._tools.append(el("div", { class: "tool " + (e.success ? "ok" : "fail") },
+    el("span", { class: "mark" }, e.success ? "✓" : "✗"),
+    el("code", {}, `${e.tool}(${short(e.param, 80)})`),
+    el("details", {}, el("summary", { class: "muted small" }, e.success ? "result" : "error"), el("pre", {}, result))));
+}
+
+function sysLine(seq, text) {
+  $("feed").append(el("li", { class: "sys", dataset: { seq } }, text));
+}
+
+function updateProgress(steps) {
+  const total = (S.rounds || 0) * (S.agents.length || 1);
+  if (total) $("progress-bar").style.width = `${Math.min(100, (100 * steps) / total)}%`;
+}
+
+function setStatus(status) {
+  if (!status) return;
+  S.status = status;
+  const pill = $("status");
+  pill.textContent = status;
+  pill.className = `pill ${status}`;
+  const live = LIVE.has(status);
+  $("live").hidden = status !== "recording";
+  $("btn-pause").disabled = !(S.controllable && status === "recording");
+  $("btn-resume").disabled = !(S.controllable && status === "paused");
+  $("btn-stop").disabled = !(S.controllable && live);
+  // rules and llm read a live run's steps so far; causal and replay need it ended (the
+  // server says so if asked)
+  $("btn-analyze").disabled = !S.sid;
+  $("btn-reveal").disabled = live || !!S.verdict;
+  if (!live) $("progress-bar").style.background = status === "completed" ? "var(--ok)" : "var(--bad)";
+  else $("progress-bar").style.background = "";
+}
+
+// ------------------------------------------------------------------ crew and stats
+
+function renderBadges() {
+  const box = $("badges");
+  clear(box);
+  const stats = toolStats();
+  for (const a of S.agents) {
+    const st = stats[a];
+    const cls = ["badge"];
+    if (S.suspect === a) cls.push("suspect");
+    if (S.verdict && S.verdict.mole === a) cls.push("mole");
+    box.append(el("button", {
+      type: "button", class: cls.join(" "), dataset: { agent: a }, "aria-pressed": S.suspect === a ? "true" : "false",
+      onclick: () => toggleSuspect(a),
+    }, avatar(a), el("span", {}, a), el("span", { class: "tools" }, st ? `${st.ok}/${st.calls} tools ok` : "no tools yet")));
+  }
+}
+
+function toggleSuspect(a) {
+  if (S.verdict) return;
+  S.suspect = S.suspect === a ? null : a;
+  $("suspect-line").textContent = S.suspect ? `Your suspect: ${S.suspect}` : "No suspect marked yet (revealing now gives up: BUSTED).";
+  renderBadges();
+}
+
+function toolStats() {
+  const st = {};
+  for (const t of S.tools) {
+    const s = st[t.agent] || (st[t.agent] = { calls: 0, ok: 0, failed: 0 });
+    s.calls += 1;
+    if (t.success) s.ok += 1; else s.failed += 1;
+  }
+  return st;
+}
+
+function renderStats() {
+  const st = toolStats();
+  const body = $("tool-stats");
+  clear(body);
+  for (const a of S.agents) {
+    const s = st[a] || { calls: 0, ok: 0, failed: 0 };
+    body.append(el("tr", { dataset: { agent: a } },
+      el("td", {}, el("span", { style: `color:${colorOf(a)};font-weight:650` }, a)),
+      el("td", {}, s.calls), el("td", {}, s.ok), el("td", {}, s.failed),
+      el("td", {}, s.calls ? fmtPct(s.ok / s.calls) : "–")));
+  }
+  renderBadges();
+}
+
+// ------------------------------------------------------------------ controls
+
+async function control(action) {
+  const r = await api("POST", `/api/sessions/${encodeURIComponent(S.sid)}/${action}`);
+  if (!r.ok) toast(r.data.error || `${action} failed`, true);
+  else toast(`${action} requested: it takes effect at the next step`);
+}
+
+async function quickStart() {
+  const body = {};
+  const rounds = parseInt($("qs-rounds").value, 10);
+  if (!isNaN(rounds)) body.rounds = rounds;
+  const seed = $("qs-seed").value.trim();
+  if (seed !== "") body.seed = parseInt(seed, 10);
+  const delay = $("qs-delay").value.trim();
+  if (delay !== "") body.step_delay = parseFloat(delay);
+  $("quick-start").disabled = true;
+  const r = await api("POST", "/api/sessions", body);
+  $("quick-start").disabled = false;
+  if (!r.ok) { toast(r.data.error || "could not start a heist", true); return; }
+  await loadSessions(false);
+  openSession(r.data.session_id);
+}
+
+// ------------------------------------------------------------------ analysis
+
+async function analyze() {
+  const sid = S.sid;
+  const btn = $("btn-analyze");
+  btn.disabled = true;
+  btn.textContent = "Analyzing…";
+  const r = await api("POST", "/api/ai-detect/analyze", { session_id: sid, method: $("method").value });
+  btn.disabled = false;
+  btn.textContent = "Analyze behaviour";
+  if (S.sid !== sid) return;
+  if (!r.ok) { toast(r.data.error || "analysis failed", true); return; }
+  renderAnalysis(r.data);
+}
+
+function renderAnalysis(a) {
+  const box = $("analysis");
+  clear(box);
+  const scores = a.suspicion_scores || {};
+  const agents = S.agents.length ? S.agents : Object.keys(scores);
+  const max = Math.max(0.0001, ...agents.map((x) => scores[x] || 0));
+  const bars = el("div", { class: "bars" });
+  for (const ag of agents) {
+    const v = scores[ag] || 0;
+    bars.append(el("div", { class: "bar-row" + (ag === a.suggested_mole ? " top" : ""), dataset: { agent: ag } },
+      el("span", {}, ag),
+      el("span", { class: "track" }, el("span", { class: "fill", style: `display:block;width:${(100 * v) / max}%` })),
+      el("span", { class: "num" }, fmt3(v))));
+  }
+  box.append(bars);
+  const sb = a.score_breakdown || {};
+  const cols = SIGNALS.filter(([k]) => agents.some((ag) => sb[ag] && sb[ag][k] !== undefined && sb[ag][k] !== null));
+  if (cols.length) {
+    const table = el("table", { class: "breakdown" },
+      el("thead", {}, el("tr", {}, el("th", {}, "agent"), cols.map(([, label]) => el("th", {}, label)))));
+    const tb = el("tbody");
+    for (const ag of agents) {
+      const row = sb[ag] || {};
+      const best = Math.max(...cols.map(([k]) => row[k] || 0));
+      tb.append(el("tr", {}, el("td", {}, ag),
+        cols.map(([k]) => el("td", { class: row[k] === best && best > 0 ? "hot" : null }, fmt3(row[k])))));
+    }
+    table.append(tb);
+    box.append(table);
+  }
+  const hint = $("hint");
+  // the blog's rule: a hint only when the detector is more than 60% sure
+  if (typeof a.confidence === "number" && a.confidence > 0.6 && a.suggested_mole) {
+    hint.textContent = `The AI is ${Math.round(a.confidence * 100)}% confident that ${a.suggested_mole} is the mole.`;
+    hint.hidden = false;
+  } else {
+    hint.hidden = true;
+  }
+  const notes = [`suggested ${a.suggested_mole ?? "nobody"} · confidence ${fmtPct(a.confidence)}`];
+  if (Array.isArray(a.methods_run)) notes.push(`methods: ${a.methods_run.join(", ")}`);
+  box.append(el("p", { class: "note", id: "analysis-summary" }, notes.join(" · ")));
+  for (const w of a.warnings || []) box.append(el("p", { class: "note" }, `⚠ ${w}`));
+}
+
+// ------------------------------------------------------------------ reveal
+
+async function reveal() {
+  const r = await api("POST", `/api/sessions/${encodeURIComponent(S.sid)}/accuse`, { suspect: S.suspect });
+  if (!r.ok) { toast(r.data.error || "accusation failed", true); return; }
+  renderVerdict(r.data);
+}
+
+function renderVerdict(v) {
+  S.verdict = v;
+  const box = $("reveal");
+  clear(box);
+  const says = { SUCCESS: "You caught the mole!", FAILURE: "Wrong agent: the mole got away.", BUSTED: "Nobody named: the crew is busted." };
+  box.append(el("div", { class: `verdict ${v.verdict}`, id: "verdict" },
+    el("div", { class: "big" }, v.verdict),
+    el("p", {}, says[v.verdict] || ""),
+    el("p", {}, "The mole was ", el("strong", { id: "mole-name" }, v.mole), "."),
+    el("p", {}, "Strategy: ", el("strong", { id: "mole-strategy" }, v.strategy)),
+    v.suspect ? el("p", { class: "muted small" }, `your suspect: ${v.suspect}`) : null));
+  $("suspect-line").textContent = v.suspect ? `You accused ${v.suspect}.` : "You named nobody.";
+  $("btn-reveal").disabled = true;
+  renderBadges();
+}
+
+// ------------------------------------------------------------------ finished runs
+
+function renderOutcome(d) {
+  const box = $("outcome");
+  clear(box);
+  $("finished").hidden = false;
+  const o = d.outcome;
+  if (!o) {
+    box.append(el("p", { class: "muted" }, d.error ? `The run ${d.status}: ${d.error}` : `The run ${d.status} before the plan was scored.`));
+    return;
+  }
+  box.append(el("div", { class: "outcome-line" },
+    el("span", { class: `pill ${o.bad ? "bad" : "ok"}` }, o.bad ? "the plan would fail" : "the plan works"),
+    el("span", { class: "muted" }, `score ${fmt3(o.score)}`)));
+  if (Array.isArray(o.reasons) && o.reasons.length) {
+    box.append(el("ul", { class: "reasons" }, o.reasons.map((r) => el("li", {}, r))));
+  }
+}
+
+function showLab() {
+  if (LIVE.has(S.status)) return;
+  $("lab").hidden = false;
+  $("fork-at").max = Math.max(0, S.stepsEl.size - 1);
+  loadTree();
+}
+
+async function loadTree() {
+  const r = await api("GET", `/api/sessions/${encodeURIComponent(S.sid)}/tree`);
+  const box = $("tree");
+  clear(box);
+  if (!r.ok) { box.append(el("p", { class: "muted" }, r.data.error || "no tree")); return; }
+  const render = (node, depth) => {
+    const label = node.fork_step === null || node.fork_step === undefined ? "root" : `do_${node.op}@${node.fork_step}`;
+    const verdict = node.verdict ? el("span", { class: `pill ${node.verdict}` }, node.verdict) : el("span", { class: `pill ${node.status}` }, node.status);
+    const btn = el("button", { type: "button", class: node.session_id === S.sid ? "current" : null, dataset: { session: node.session_id },
+      onclick: () => (node.fork_step === null || node.fork_step === undefined ? openSession(node.session_id) : showDiff(node.session_id)) },
+      el("code", {}, node.session_id), el("span", { class: "muted" }, label), verdict);
+    const li = el("li", {}, btn);
+    const kids = node.children || [];
+    const shown = kids.slice(0, 12);
+    if (shown.length) li.append(el("ul", {}, shown.map((c) => render(c, depth + 1))));
+    if (kids.length > shown.length) li.append(el("div", { class: "more" }, `… and ${kids.length - shown.length} more branches`));
+    return li;
+  };
+  box.append(el("ul", {}, render(r.data, 0)));
+  const n = r.data.descendants || 0;
+  box.append(el("p", { class: "note" }, n ? `${n} branches in this family; click one to diff it against its parent.` : "No branches yet: fork one above."));
+}
+
+async function showDiff(branch) {
+  const r = await api("GET", `/api/sessions/${encodeURIComponent(branch)}/diff`);
+  const box = $("diff");
+  clear(box);
+  if (!r.ok) { toast(r.data.error || "diff failed", true); return; }
+  const d = r.data;
+  box.append(el("p", {}, el("strong", {}, `Branch ${d.session_id}`), ` vs parent ${d.parent_id}: forked at step ${d.fork_step}, `,
+    d.first_diverging_step === null ? "no message differs." : `first diverging step ${d.first_diverging_step} (${d.differing_steps} steps differ).`,
+    " ", el("button", { type: "button", class: "btn small", onclick: () => openSession(d.session_id) }, "open branch")));
+  for (const s of d.steps.slice(0, 8)) {
+    const p = el("div", { class: "step" }, el("div", { class: "muted small" }, `step ${s.step} · ${s.agent}`));
+    const line = el("div");
+    for (const seg of s.diff) {
+      const tag = seg.op === "delete" ? "del" : seg.op === "insert" ? "ins" : "span";
+      line.append(el(tag, {}, seg.text), " ");
+    }
+    p.append(line);
+    box.append(p);
+  }
+}
+
+async function attribute() {
+  const btn = $("btn-attribute");
+  btn.disabled = true;
+  btn.textContent = "Running forward runs…";
+  const sid = S.sid;
+  const r = await api("POST", `/api/sessions/${encodeURIComponent(sid)}/attribution`, { method: "contrastive" });
+  btn.disabled = false;
+  btn.textContent = "Attribute failure";
+  if (S.sid !== sid) return;
+  if (!r.ok) { toast(r.data.error || "attribution failed", true); return; }
+  const d = r.data;
+  const box = $("attribution");
+  clear(box);
+  const rows = [...d.ranked].sort((a, b) => a.step - b.step);
+  const max = Math.max(0.001, ...rows.map((x) => Math.max(Math.abs(x.ci[0]), Math.abs(x.ci[1]), Math.abs(x.effect))));
+  const chart = el("div", { class: "chart" });
+  for (const x of rows) {
+    const ciLo = Math.min(Math.abs(x.ci[0]), Math.abs(x.ci[1])), ciHi = Math.max(Math.abs(x.ci[0]), Math.abs(x.ci[1]));
+    chart.append(el("div", { class: "attr-row" + (x.step === d.locus ? " locus" : ""), dataset: { step: x.step }, title: x.message || "" },
+      el("span", {}, `step ${x.step}`), el("span", { style: `color:${colorOf(x.agent)}` }, x.agent || ""),
+      el("span", { class: "track" },
+        el("span", { class: "fill", style: `width:${(100 * Math.abs(x.effect)) / max}%` }),
+        el("span", { class: "ci", style: `left:${(100 * ciLo) / max}%;width:${Math.max(0.5, (100 * (ciHi - ciLo)) / max)}%` })),
+      el("span", { class: "num" }, `${x.effect >= 0 ? "+" : ""}${fmt3(x.effect)} (n ${x.n})`)));
+  }
+  box.append(chart);
+  box.append(el("p", { class: "note" }, d.locus === null || d.locus === undefined
+    ? `No step's interval excludes zero. ${d.forward_runs} forward runs.`
+    : `Causal locus (point of commitment): step ${d.locus} (${d.locus_agent}). ${d.forward_runs} forward runs. Bars: |effect| with its 95% interval.`));
+  loadTree();
+}
+
+async function fork(ev) {
+  ev.preventDefault();
+  const body = { at: parseInt($("fork-at").value, 10), do: $("fork-do").value, n: parseInt($("fork-n").value, 10) };
+  const v = $("fork-value").value;
+  if (v.trim() !== "") body.value = v;
+  const box = $("fork-result");
+  clear(box);
+  box.append(el("p", { class: "muted" }, `Running ${body.n} branches…`));
+  const r = await api("POST", `/api/sessions/${encodeURIComponent(S.sid)}/fork`, body);
+  clear(box);
+  if (!r.ok) { box.append(el("p", { class: "muted" }, "")); toast(r.data.error || "fork failed", true); return; }
+  const d = r.data;
+  const rate = el("div", { class: "rate", id: "fork-rate" },
+    el("strong", {}, `do_${d.op}(${d.at})`), `: bad rate ${fmt3(d.bad_rate)} (${d.bad}/${d.scored} branches), 95% CI [${fmt3(d.ci && d.ci[0])}, ${fmt3(d.ci && d.ci[1])}]`,
+    ` · factual outcome ${d.factual_bad ? "bad" : "ok"}`);
+  const bad = d.scored ? (100 * d.bad) / d.scored : 0;
+  rate.append(el("div", { class: "dist", title: "bad / ok branches" },
+    el("span", { class: "b", style: `width:${bad}%` }), el("span", { class: "g", style: `width:${100 - bad}%` })));
+  box.append(rate);
+  loadTree();
+}
+
+// ------------------------------------------------------------------ wiring
+
+$("quick-start").addEventListener("click", quickStart);
+$("btn-pause").addEventListener("click", () => control("pause"));
+$("btn-resume").addEventListener("click", () => control("resume"));
+$("btn-stop").addEventListener("click", () => control("stop"));
+$("btn-analyze").addEventListener("click", analyze);
+$("btn-reveal").addEventListener("click", reveal);
+$("btn-attribute").addEventListener("click", attribute);
+$("fork-form").addEventListener("submit", fork);
+$("refresh-sessions").addEventListener("click", () => loadSessions(false));
+$("more-sessions").addEventListener("click", () => loadSessions(true));
+window.addEventListener("pagehide", saveNow);
+window.addEventListener("hashchange", () => {
+  const m = location.hash.match(/^#session=([\w-]+)$/);
+  if (m && m[1] !== S.sid) openSession(m[1]);
+});
+
+(function boot() {
+  loadSessions(false);
+  const m = location.hash.match(/^#session=([\w-]+)$/);
+  if (m) openSession(m[1], { resume: true });
+  setInterval(() => { if (!document.hidden) loadSessions(false); }, 15000);
+})();
