@@ -455,6 +455,12 @@ def _progress() -> Any:
     )
 
 
+def _ensure_rerunnable(j: Any, run_id: str) -> None:
+    from engine.otel.importer import ensure_rerunnable
+
+    ensure_rerunnable(j, run_id)
+
+
 def _policy_override(
     base_url: str | None, model: str | None, drift: float | None
 ) -> dict[str, Any] | None:
@@ -488,6 +494,7 @@ def fidelity_cmd(
     from engine.replay import fidelity
 
     with open_journal(create=False) as j, _progress() as bar:
+        _ensure_rerunnable(j, run_id)
         task = bar.add_task("re-executing steps", total=None)
         report = fidelity(
             j,
@@ -573,6 +580,7 @@ def fork_cmd(
             fail(f"cannot read --value-file {str(value_file)!r}: {e.strerror}")
     iv = parse_intervention(do, at, value)
     with open_journal(create=False) as j, _progress() as bar:
+        _ensure_rerunnable(j, run_id)
         task = bar.add_task(f"branches do_{do}@{at}", total=n)
         report = fork_many(
             j,
@@ -725,6 +733,7 @@ def attribute_cmd(
     from engine.attribution.heist_report import attribute_run
 
     with open_journal(create=False) as j, _progress() as bar:
+        _ensure_rerunnable(j, run_id)
         task = bar.add_task(f"{method} forward runs", total=None)
         data = attribute_run(
             j,
@@ -786,6 +795,11 @@ def attribute_cmd(
             highlight=False,
         )
     out.print(f"forward runs spent: {data['forward_runs']}", highlight=False)
+
+
+from engine.commands import traces as _traces  # noqa: E402
+
+_traces.register(app)
 
 
 def main() -> None:
