@@ -177,6 +177,7 @@ class ImportedTool(msgspec.Struct, frozen=True):
     output: str = ""
     error: str | None = None
     answered: bool = True  # False: the model asked for it, nothing in the trace answered
+    from_span: bool = False  # executed in a tool span (not only asked for by the model)
 
 
 class ImportedStep(msgspec.Struct, frozen=True):
@@ -475,8 +476,10 @@ def _tool_from_span(span: Span) -> ImportedTool:
         param = params["param"]
     output = _as_text(_first(a, "gen_ai.tool.call.result", "output.value"))
     if span.error is not None:
-        return ImportedTool(str(name), _as_text(param), False, "", span.error or output)
-    return ImportedTool(str(name), _as_text(param), True, output)
+        return ImportedTool(
+            str(name), _as_text(param), False, "", span.error or output, from_span=True
+        )
+    return ImportedTool(str(name), _as_text(param), True, output, from_span=True)
 
 
 def _step(span: Span, by_id: dict[str, Span]) -> tuple[ImportedStep, list[dict[str, Any]]]:
@@ -549,7 +552,11 @@ def _answers(spans: list[Span]) -> dict[str, str]:
 def interpret(spans: list[Span], source: str) -> list[ImportedTrace]:
     """One ImportedTrace per trace id that holds at least one LLM span."""
     by_trace: dict[str, list[Span]] = {}
+    seen: set[tuple[str, str]] = set()
     for s in spans:
+        if (s.trace_id, s.span_id) in seen:  # sent twice (an exporter's retry): read once
+            continue
+        seen.add((s.trace_id, s.span_id))
         by_trace.setdefault(s.trace_id, []).append(s)
     traces = []
     for tid, group in by_trace.items():
@@ -580,8 +587,7 @@ def interpret(spans: list[Span], source: str) -> list[ImportedTrace]:
                 continue
             k = max((i for i, llm in enumerate(llm_spans) if llm.start <= s.start), default=0)
             tool = _tool_from_span(s)
-            # a tool span is the execution of a call the model asked for: it replaces that call
-            tools[k] = [*_drop_first(tools[k], tool.name), tool]
+            tools[k] = _merge(tools[k], tool)
         steps = [msgspec.structs.replace(st, tools=t) for st, t in zip(steps, tools, strict=True)]
         roots = [s for s in group if s.parent_id is None or s.parent_id not in by_id]
         error = next((s.error for s in roots if s.error is not None), None)
@@ -612,12 +618,19 @@ def interpret(spans: list[Span], source: str) -> list[ImportedTrace]:
     return traces
 
 
-def _drop_first(tools: list[ImportedTool], name: str) -> list[ImportedTool]:
-    """Without the first unanswered call of `name` (its tool span is the answer)."""
+def _merge(tools: list[ImportedTool], executed: ImportedTool) -> list[ImportedTool]:
+    """Add a tool span to its step. It is the execution of the first call of that tool the
+    model asked for, so it takes that call's place (and what the span leaves out, the call's
+    arguments and answer, is taken from the call)."""
     for i, t in enumerate(tools):
-        if t.name == name and not t.answered:
-            return tools[:i] + tools[i + 1 :]
-    return tools
+        if t.name == executed.name and not t.from_span:
+            merged = msgspec.structs.replace(
+                executed,
+                param=executed.param or t.param,
+                output=executed.output or (t.output if executed.ok else ""),
+            )
+            return [*tools[:i], merged, *tools[i + 1 :]]
+    return [*tools, executed]
 
 
 def _iso(ns: int) -> str:
