@@ -144,7 +144,7 @@ def include_branches_col(rows: list[dict[str, Any]]) -> bool:
 def show_cmd(
     run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
     reveal: Annotated[
-        bool, typer.Option("--reveal", help="Also show secret events (the mole).")
+        bool, typer.Option("--reveal", help="Also show secret events (the mole) and seeds.")
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -164,9 +164,9 @@ def show_cmd(
         out.print(f"forked from {h['parent_run_id']} at step {data['fork_step']}", highlight=False)
     start = data.get("started") or {}
     if start:
+        seed = f"  seed={start['root_seed']}" if "root_seed" in start else ""
         out.print(
-            f"policy={start.get('policy')}  seed={start.get('root_seed')}  "
-            f"agents={', '.join(start.get('agents', []))}",
+            f"policy={start.get('policy')}{seed}  agents={', '.join(start.get('agents', []))}",
             highlight=False,
         )
     for line in data["lines"]:
@@ -197,15 +197,18 @@ def state_cmd(
     run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
     at: Annotated[int, typer.Option("--at", "-k", help="Step k: the state before step k.")],
     reveal: Annotated[
-        bool, typer.Option("--reveal", help="Include the mole's secret context.")
+        bool, typer.Option("--reveal", help="The full fold: seeds and the mole's secret context.")
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Reconstruct s_k (the state before step k) from the journal."""
+    """Reconstruct s_k (the state before step k) from the journal (public unless --reveal)."""
     with open_journal(create=False) as j:
         data = views.state_view(j, run_id, at, reveal=reveal)
     if as_json:
         emit_json(data)
+        return
+    if not reveal:
+        _print_public_state(at, data)
         return
     out.print(
         f"[bold]s_{at}[/] of run {data['run_id']}: {data['seq']} events folded, "
@@ -222,6 +225,26 @@ def state_cmd(
         out.print(
             f"  {agent}: turns={ctx['turns']} observations={len(ctx['observations'])}"
             + (f" secret={ctx['secret']!r}" if ctx.get("secret") else ""),
+            highlight=False,
+            markup=False,
+        )
+
+
+def _print_public_state(at: int, data: dict[str, Any]) -> None:
+    out.print(
+        f"[bold]s_{at}[/] of run {data['run_id']}: next agent {data['acting_agent']} "
+        f"(round {data['round']}), status {data['status']}",
+        highlight=False,
+    )
+    out.print("[bold]conversation (window)[/]")
+    for m in data["transcript"]:
+        out.print(f"  [{m['step']}] {m['agent']}: {m['text']}", highlight=False, markup=False)
+    out.print("[bold]agents[/] (config order; seeds and secrets only with --reveal)")
+    for a in data["per_agent"]:
+        failed = sum(1 for t in a["tool_usage"] if not t["success"])
+        out.print(
+            f"  {a['agent']}: turns={a['turns']} tool results={len(a['tool_usage'])} "
+            f"failed={failed}",
             highlight=False,
             markup=False,
         )
@@ -797,8 +820,10 @@ def attribute_cmd(
     out.print(f"forward runs spent: {data['forward_runs']}", highlight=False)
 
 
+from engine.commands import detect as _detect_commands  # noqa: E402
 from engine.commands import traces as _traces  # noqa: E402
 
+_detect_commands.register(app)
 _traces.register(app)
 
 

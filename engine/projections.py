@@ -1,6 +1,7 @@
 """Read models over the journal: run listings, transcripts, tool usage, state views.
 
-Everything here only reads. Secret events (the mole) are left out unless a caller asks to reveal.
+Everything here only reads. What is not the reveal comes from `engine.public` (the one public
+read model); the full fold and the secret event are shown only when a caller asks to reveal.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import msgspec
 from engine import events as ev
 from engine.journal import Journal, RunInfo
 from engine.policies.base import ChatLine
+from engine.public import PublicRun, public_state, public_view
 from engine.state import State, edit_transcript, state_at
 
 
@@ -119,8 +121,62 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def public_lines(view: PublicRun) -> list[str]:
+    """The transcript of a public view: each message followed by its tool results, forks,
+    controls and the verdict, in journal order."""
+    items: list[tuple[int, str]] = []
+    results: dict[int, list[str]] = {}
+    for t in view.tool_usage:
+        shown = t.output if t.success else f"FAILED: {t.error}"
+        results.setdefault(t.step, []).append(
+            f"      -> {t.tool}({_clip(t.param, 60)}) = {_clip(shown, 140)}"
+        )
+    for m in view.messages:
+        text = f"[{m.step}] {m.agent}: {m.text}"
+        items.append((m.seq, "\n".join([text, *results.pop(m.step, [])])))
+    for iv in view.interventions:
+        items.append(
+            (
+                iv["seq"],
+                f"--- fork: {iv['op']} at step {iv['at']} value={_clip(str(iv['value']), 120)}",
+            )
+        )
+    for c in view.controls:
+        items.append((c["seq"], f"--- control: {c['action']} {c['reason']}".rstrip()))
+    lines = [line for _, block in sorted(items, key=lambda x: x[0]) for line in block.split("\n")]
+    for rest in results.values():  # results of a step whose message is missing (a failure)
+        lines.extend(rest)
+    v = view.verdict
+    if v is not None:
+        lines.append(
+            f"--- accused {v['suspect'] or '(nobody)'}: {v['verdict']}; the mole was {v['mole']} "
+            f"({v['strategy']})"
+        )
+    return lines
+
+
 def show_run(j: Journal, run_id: str, *, reveal: bool = False) -> dict[str, Any]:
+    """What `car show` prints. Without `reveal` everything comes from the public view (no
+    seeds, no secret); with it, the full journal including the secret event."""
     info = j.run(run_id)
+    if not reveal:
+        view = public_view(j, info.run_id)
+        return {
+            "run": {
+                "run_id": view.run_id,
+                "scenario": view.scenario,
+                "parent_run_id": view.parent_run_id,
+                "created_at": info.created_at,
+                "label": info.label,
+            },
+            "status": view.status,
+            "steps": view.steps,
+            "fork_step": view.fork_step,
+            "started": {"policy": view.policy, "agents": view.agents, "rounds": view.rounds},
+            "outcome": view.outcome,
+            "lines": public_lines(view),
+            "branches": branch_tree(j, info.run_id),
+        }
     summary = run_summary(j, info)
     started = None
     for stored in j.read(info.run_id, 0, 1):
@@ -156,6 +212,9 @@ def state_dict(state: State, *, reveal: bool = False) -> dict[str, Any]:
 
 
 def state_view(j: Journal, run_id: str, k: int, *, reveal: bool = False) -> dict[str, Any]:
+    """s_k for `car state`: the public projection unless `reveal` (then the whole fold)."""
+    if not reveal:
+        return public_state(j, run_id, k)
     info = j.run(run_id)
     s = state_at(j, info.run_id, k)
     data = state_dict(s, reveal=reveal)
@@ -180,7 +239,12 @@ def conversation(j: Journal, run_id: str, stop: int | None = None) -> list[ChatL
 def tool_usage(j: Journal, run_id: str) -> list[dict[str, Any]]:
     """The blog's tool_usage view: one row per tool result (agent, tool, param, success)."""
     return [
-        {"step": e.step, "agent": e.agent, "tool_name": e.tool, "param": e.param, "success": e.ok}
-        for e in (s.event for s in j.read(run_id) if s.kind == "tool_result")
-        if isinstance(e, ev.ToolResult)
+        {
+            "step": t.step,
+            "agent": t.agent,
+            "tool_name": t.tool,
+            "param": t.param,
+            "success": t.success,
+        }
+        for t in public_view(j, run_id).tool_usage
     ]

@@ -51,7 +51,12 @@ def test_runs_show_state_json(tmp_path: Path) -> None:
     assert any("secret: mole=" in line for line in revealed["lines"])
     state = json.loads(car("--journal", j, "state", run, "--at", "4", "--json").stdout)
     assert state["step"] == 4 and state["acting_agent"] == "driver"
-    assert all("secret" not in c for c in state["contexts"].values())
+    assert "contexts" not in state and "seeds" not in state
+    assert [a["agent"] for a in state["per_agent"]] == shown["started"]["agents"]
+    revealed_state = json.loads(
+        car("--journal", j, "state", run, "--at", "4", "--reveal", "--json").stdout
+    )
+    assert any(c.get("secret") for c in revealed_state["contexts"].values())
 
 
 def test_cli_on_postgresql(pg_url: str) -> None:

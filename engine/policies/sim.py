@@ -36,6 +36,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from engine.heist.config import DEFAULT_ROUNDS
 from engine.heist.mole import Strategy, parse_strategy
 from engine.heist.outcome import (
@@ -969,3 +971,22 @@ class SimPolicy:
             prompt_tokens=prompt_chars // 4,
             completion_tokens=max(1, len(text) // 4),
         )
+
+
+class SimReferencePolicy:
+    """The public reference policy of a crew member under the sim: the same sim playing the
+    agent's configured role with no secret instructions.
+
+    It never reads the secret: whatever view it is handed, it decides on a copy whose
+    `mole_strategy` is unset and whose system prompt is the one given as public (the sim does
+    not read prompts, but an LLM-backed reference would). On an honest agent's view it is the
+    sim itself, so replaying honest agents under it matches by construction."""
+
+    name = "sim-reference"
+
+    def __init__(self, sim: SimPolicy | None = None) -> None:
+        self.sim = sim or SimPolicy()
+
+    def decide(self, view: AgentView, messages: list[dict[str, str]], seed: int) -> Completion:
+        public = msgspec.structs.replace(view, mole_strategy=None)
+        return self.sim.decide(public, messages, seed)

@@ -1,0 +1,347 @@
+"""`analyze`: one run in, the blog's output format out, for every method.
+
+rules      the blog's four signals and weights (engine/detect/rules.py)
+llm        the LLM's scores given the rules' structured context (engine/detect/llm.py)
+rules+llm  0.6 x rules + 0.4 x LLM, as in the blog
+causal     swap one agent at a time for its public reference policy (engine/detect/causal.py)
+replay     re-execute each agent under its public reference policy (engine/detect/replay.py)
+
+Every method reads the public view (engine/public.py); causal and replay also re-execute steps,
+which needs the journal's seeds and the right to run the crew again, never the secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from engine.detect import calibration
+from engine.detect.rules import WEIGHTS, Msg, RuleScores, ToolUse, rule_scores
+from engine.errors import EngineError
+from engine.journal import Journal
+from engine.public import PublicRun, public_view
+
+METHODS = ("rules", "llm", "rules+llm", "causal", "replay")
+RULE_WEIGHT = 0.6
+LLM_WEIGHT = 0.4
+
+
+class DetectError(EngineError):
+    """A detection cannot be made (unknown method, a run with nothing to analyse, ...)."""
+
+
+Progress = Callable[[int, int], None]
+
+
+def inputs(view: PublicRun) -> tuple[list[str], list[Msg], list[ToolUse]]:
+    """The detector's whole input: agents (config order), messages, tool usage."""
+    agents = list(view.agents)
+    messages = [Msg(m.agent, m.text) for m in view.messages]
+    tools = [ToolUse(t.agent, t.tool, t.success) for t in view.tool_usage]
+    return agents, messages, tools
+
+
+def ranking(scores: dict[str, float], session_id: str) -> list[str]:
+    """Agents by score, highest first. Ties are broken by a hash of (run, agent): stable for a
+    run, but never in favour of whoever the config lists first."""
+
+    def tiebreak(agent: str) -> bytes:
+        return hashlib.blake2b(f"{session_id}:{agent}".encode(), digest_size=8).digest()
+
+    return sorted(scores, key=lambda a: (-scores[a], tiebreak(a)))
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 4)
+
+
+def result(
+    *,
+    view: PublicRun,
+    method: str,
+    methods_run: list[str],
+    final: dict[str, float],
+    rules: RuleScores,
+    llm: dict[str, float] | None,
+    weights: dict[str, float],
+    warnings: list[str],
+    model: str | None = None,
+    extra: dict[str, Any] | None = None,
+    calibrate_as: str | None = None,
+) -> dict[str, Any]:
+    agents = list(view.agents)
+    order = ranking(final, view.run_id)
+    top = order[0]
+    second = final[order[1]] if len(order) > 1 else 0.0
+    margin = final[top] - second
+    calibrated_as = calibrate_as or method
+    conf, calibrated = calibration.confidence(calibrated_as, margin, len(agents), model)
+    if not calibrated:
+        warnings = [
+            *warnings,
+            f"confidence is not calibrated for {calibration.key_for(calibrated_as, model)!r} "
+            "(no fitted parameters shipped): read it as a rough score, not a probability",
+        ]
+    breakdown = {
+        a: {
+            "tool_usage": _r(rules.signals["tool_usage"][a]),
+            "timing": _r(rules.signals["timing"][a]),
+            "message_anomaly": _r(rules.signals["message_anomaly"][a]),
+            "information_quality": _r(rules.signals["information_quality"][a]),
+            "llm": _r(llm[a]) if llm is not None else None,
+            "combined": _r(final[a]),
+        }
+        for a in agents
+    }
+    out: dict[str, Any] = {
+        "session_id": view.run_id,
+        "method": method,
+        "suggested_mole": top,
+        "confidence": round(conf, 4),
+        "confidence_calibrated": calibrated,
+        "margin": round(margin, 4),
+        "suspicion_scores": {a: _r(final[a]) for a in agents},
+        "score_breakdown": breakdown,
+        "analysis_weights": weights,
+        "methods_run": methods_run,
+        "warnings": warnings,
+        "ranking": order,
+    }
+    out.update(extra or {})
+    return out
+
+
+def analyze(
+    journal: Journal,
+    run_id: str,
+    *,
+    method: str = "rules",
+    base_url: str | None = None,
+    model: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Analyse one run with `method` (see METHODS); the blog's output format plus
+    methods_run, warnings and, for causal/replay, intervals and forward runs.
+
+    Options: llm — `seed`, `timeout`, `max_tokens`, `journal_llm` (default True);
+    causal — `k_max`, `k_min`, `batch`, `level`, `sequential`, `seed`, `concurrency`,
+    `progress`; replay — `progress`."""
+    _pick(options)
+    if method not in METHODS:
+        raise DetectError(
+            f"unknown detection method {method!r}; expected one of: " + ", ".join(METHODS)
+        )
+    view = public_view(journal, run_id)
+    agents, messages, tools = inputs(view)
+    if len(agents) < 2:
+        raise DetectError(f"run {view.run_id!r} has {len(agents)} agents; detection needs two")
+    if view.status in ("recording", "paused"):
+        raise DetectError(f"run {view.run_id!r} is still recording; analyse it once it ended")
+    rules = rule_scores(messages, tools, agents)
+    weights: dict[str, float] = dict(WEIGHTS)
+    warnings: list[str] = []
+    if not messages:
+        warnings.append("the run has no messages: every rule signal is 0")
+    if method == "rules":
+        return result(
+            view=view,
+            method=method,
+            methods_run=["rules"],
+            final=rules.combined,
+            rules=rules,
+            llm=None,
+            weights=weights,
+            warnings=warnings,
+        )
+    if method in ("llm", "rules+llm"):
+        return _with_llm(
+            journal,
+            view,
+            method,
+            rules,
+            messages,
+            tools,
+            base_url,
+            model,
+            weights,
+            warnings,
+            options,
+        )
+    if method == "causal":
+        from engine.detect.causal import causal_scores
+
+        c = causal_scores(
+            journal,
+            view,
+            **_pick(
+                options,
+                "k_max",
+                "k_min",
+                "batch",
+                "level",
+                "sequential",
+                "seed",
+                "concurrency",
+                "progress",
+            ),
+        )
+        warnings += c.warnings
+        return result(
+            view=view,
+            method=method,
+            methods_run=["causal"],
+            final=c.scores,
+            rules=rules,
+            llm=None,
+            weights=weights,
+            warnings=warnings,
+            extra=c.extra(),
+        )
+    from engine.detect.replay import replay_scores
+
+    r = replay_scores(journal, view, base_url=base_url, model=model, **_pick(options, "progress"))
+    warnings += r.warnings
+    return result(
+        view=view,
+        method=method,
+        methods_run=["replay"],
+        final=r.scores,
+        rules=rules,
+        llm=None,
+        weights=weights,
+        warnings=warnings,
+        extra=r.extra(),
+    )
+
+
+OPTIONS = frozenset(
+    {
+        "k_max",
+        "k_min",
+        "batch",
+        "level",
+        "sequential",
+        "seed",
+        "concurrency",
+        "progress",
+        "timeout",
+        "max_tokens",
+        "journal_llm",
+    }
+)
+
+
+def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The options one method takes; a misspelt option fails rather than being ignored."""
+    unknown = set(options) - OPTIONS
+    if unknown:
+        raise DetectError(f"unknown detection option(s): {', '.join(sorted(unknown))}")
+    return {k: v for k, v in options.items() if k in names and v is not None}
+
+
+def _with_llm(
+    journal: Journal,
+    view: PublicRun,
+    method: str,
+    rules: RuleScores,
+    messages: Sequence[Msg],
+    tools: Sequence[ToolUse],
+    base_url: str | None,
+    model: str | None,
+    weights: dict[str, float],
+    warnings: list[str],
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    from engine.detect import llm as L
+    from engine.detect.journaling import journal_llm_step
+
+    agents = list(view.agents)
+    url = base_url or L.DEFAULT_BASE_URL
+    name = model or L.DEFAULT_MODEL
+    seed = int(options.get("seed") or _seed_for(view.run_id))
+    prompt = L.build_prompt(rules, messages, tools, agents)
+    answer = None
+    parsed = None
+    error = None
+    try:
+        answer = L.ask(
+            prompt,
+            base_url=url,
+            model=name,
+            seed=seed,
+            timeout=float(options.get("timeout") or 60.0),
+            max_tokens=int(options.get("max_tokens") or L.MAX_TOKENS),
+        )
+    except L.LlmUnavailable as e:
+        error = str(e)
+    if answer is not None:
+        parsed = L.parse_scores(answer.raw, agents)
+        warnings += parsed.warnings
+    detection_run = None
+    if options.get("journal_llm", True):
+        detection_run = journal_llm_step(
+            journal,
+            view.run_id,
+            method=method,
+            base_url=url,
+            model=name,
+            seed=seed,
+            prompt=prompt,
+            answer=answer,
+            error=error,
+            scores=parsed.scores if parsed is not None and parsed.usable else None,
+            warnings=warnings,
+        )
+    extra = {
+        "llm": {
+            "base_url": url,
+            "model": name,
+            "seed": seed,
+            "detection_run": detection_run,
+            "error": error,
+            "raw_answer": answer.raw if answer is not None else None,
+        }
+    }
+    if parsed is None or not parsed.usable:
+        if error is not None:
+            warnings.append(f"{error}: degraded to the rules only")
+        return result(
+            view=view,
+            method=method,
+            methods_run=["rules"],
+            final=rules.combined,
+            rules=rules,
+            llm=None,
+            weights=weights,
+            warnings=warnings,
+            extra=extra,
+            calibrate_as="rules",
+        )
+    llm_scores = parsed.scores
+    if method == "llm":
+        final = dict(llm_scores)
+        weights = {**weights, "llm": 1.0}
+        run = ["llm"]
+    else:
+        final = {a: RULE_WEIGHT * rules.combined[a] + LLM_WEIGHT * llm_scores[a] for a in agents}
+        weights = {**weights, "rules": RULE_WEIGHT, "llm": LLM_WEIGHT}
+        run = ["rules", "llm"]
+    return result(
+        view=view,
+        method=method,
+        methods_run=run,
+        final=final,
+        rules=rules,
+        llm=llm_scores,
+        weights=weights,
+        warnings=warnings,
+        model=answer.model if answer else name,
+        extra=extra,
+    )
+
+
+def _seed_for(run_id: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(f"detect:{run_id}".encode(), digest_size=4).digest(), "big"
+    )

@@ -1,0 +1,135 @@
+"""No secret reaches the detector: not the mole event, not the recorded LLM requests, not
+anything derived from them — and nothing in engine/detect knows agent names or roles."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from servers import free_port
+
+from engine import events as ev
+from engine.detect import analyze
+from engine.detect.analysis import inputs
+from engine.heist.config import load_agents_config
+from engine.heist.mole import Strategy, instructions
+from engine.heist.session import record_heist
+from engine.journal import Journal
+from engine.policies.sim import SimPolicy
+from engine.public import public_view
+
+DETECT = Path(__file__).resolve().parent.parent / "engine" / "detect"
+AGENTS = load_agents_config().names
+SECRETS = [s.value for s in Strategy] + [instructions(s) for s in Strategy] + ["SECRET"]
+
+
+def test_detector_code_never_touches_secret_fields() -> None:
+    """Only evaluate.py (the scorer, after the methods answered) may name the secret event; no
+    detector module reads a mole strategy, a secret context or a recorded request."""
+    forbidden = re.compile(
+        r"MoleAssigned|mole_assigned|\.mole_strategy\b(?!\s*=)|\.secret\b|"
+        r"\.strategy\b|\.request\b|\.instructions\b"
+    )
+    for module in DETECT.glob("*.py"):
+        code = "\n".join(
+            line for line in module.read_text().splitlines() if not line.strip().startswith("#")
+        )
+        hits = forbidden.findall(code)
+        if module.name == "evaluate.py":
+            assert set(hits) <= {"MoleAssigned", ".strategy"}, hits
+        else:
+            assert not hits, (module.name, hits)
+
+
+def test_detector_code_knows_no_agent_names_or_roles() -> None:
+    """No default-crew name or role word appears in engine/detect (code, data or docs)."""
+    words = set(AGENTS) | {"mastermind", "getaway", "safecracker"}
+    for f in DETECT.iterdir():
+        if f.suffix not in (".py", ".yaml"):
+            continue
+        text = f.read_text().lower()
+        for w in words:
+            assert not re.search(rf"\b{w}\b", text), (f.name, w)
+
+
+@pytest.fixture(scope="module")
+def rotated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Journal, list[str]]]:
+    """Five games, one per strategy, the mole rotating over the crew."""
+    with Journal(tmp_path_factory.mktemp("sec") / "j.db") as j:
+        runs = [
+            record_heist(
+                j, SimPolicy(), seed=300 + i, mole=AGENTS[(2 * i + 1) % 6], strategy=s.value
+            ).run_id
+            for i, s in enumerate(Strategy)
+        ]
+        yield j, runs
+
+
+def _decoded_kinds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    full, slim = ev.decode, ev.decode_for_fold
+
+    def spy_full(payload: bytes, version: int = ev.SCHEMA_VERSION) -> ev.AnyEvent:
+        e = full(payload, version)
+        seen.append(ev.kind_of(e))
+        return e
+
+    def spy_slim(payload: bytes, version: int = ev.SCHEMA_VERSION) -> ev.Event:
+        e = slim(payload, version)
+        seen.append("slim:" + ev.kind_of(e))
+        return e
+
+    monkeypatch.setattr(ev, "decode", spy_full)
+    monkeypatch.setattr(ev, "decode_for_fold", spy_slim)
+    return seen
+
+
+@pytest.mark.parametrize("method", ["rules", "llm", "replay"])
+def test_methods_never_decode_the_secret_or_a_request(
+    rotated: tuple[Journal, list[str]], method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rules, llm and replay decode no mole event and no full LLM call (replay reads the
+    recorded seeds through the slim fold decoder, which skips requests)."""
+    j, runs = rotated
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    seen = _decoded_kinds(monkeypatch)
+    for run in runs:
+        analyze(j, run, method=method, base_url=url, timeout=1.0, journal_llm=False)
+    assert seen
+    assert "mole_assigned" not in seen and "slim:mole_assigned" not in seen
+    assert "llm_call" not in seen
+
+
+@pytest.mark.parametrize("method", ["rules", "llm", "causal", "replay"])
+def test_no_secret_string_in_any_detector_output(
+    rotated: tuple[Journal, list[str]], method: str
+) -> None:
+    """For every strategy, the output of every method holds no strategy name and no fragment
+    of the mole's instructions."""
+    j, runs = rotated
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    for run in runs:
+        out = analyze(j, run, method=method, base_url=url, timeout=1.0, k_max=4)
+        blob = json.dumps(out)
+        for s in SECRETS:
+            assert s not in blob, (method, s)
+
+
+def test_detector_inputs_differ_only_where_public_behaviour_does(tmp_path: Path) -> None:
+    """Same seed, each agent the mole in turn: the detector's inputs (agents, messages, tool
+    usage) agree on every step before the earliest mole's first turn, and the agent list is
+    always the config order."""
+    with Journal(tmp_path / "j.db") as j:
+        runs = {a: record_heist(j, SimPolicy(), seed=21, mole=a).run_id for a in AGENTS}
+        got = {a: inputs(public_view(j, r)) for a, r in runs.items()}
+    for i, a in enumerate(AGENTS):
+        for b in AGENTS[i + 1 :]:
+            agents_a, msgs_a, tools_a = got[a]
+            agents_b, msgs_b, tools_b = got[b]
+            assert agents_a == agents_b == list(AGENTS)
+            assert msgs_a[:i] == msgs_b[:i]  # one message per step, steps 0..i-1
+            n_tools = sum(1 for m in msgs_a[:i] for _ in re.finditer(r"\[TOOL:", m.text))
+            assert tools_a[:n_tools] == tools_b[:n_tools]
