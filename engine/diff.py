@@ -16,7 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from engine.journal import Journal
-from engine.otel.source import PublicRun, public_view
+from engine.public import PublicRun, public_view
 
 WordOp = Literal["equal", "delete", "insert"]
 _TOKENS = re.compile(r"\s+|\S+\s*")

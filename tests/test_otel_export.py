@@ -1,5 +1,5 @@
 """`car export`: runs as OTLP/JSON traces that the OpenTelemetry schema accepts, with the span
-layout, links and attributes of docs/decisions.md (entry 11), and never the secret."""
+layout, links and attributes of docs/decisions.md (entry 12), and never the secret."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from engine.heist.mole import Strategy, instructions
 from engine.heist.session import record_heist
 from engine.journal import Journal
 from engine.otel.exporter import export_runs, span_id, trace_document, trace_id
-from engine.otel.source import public_view
 from engine.policies.sim import SimPolicy
+from engine.public import public_view
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from otel_helpers import attrs_of, car, heist_with_branches, otlp_message, spans
 from engine.journal import Journal
 from engine.otel.exporter import trace_document
 from engine.otel.importer import TraceImportError, read_traces
-from engine.otel.source import public_view
+from engine.public import public_view
 
 # A user's program: two agents on an OpenAI-compatible server, traced by OpenInference's OpenAI
 # instrumentation and OpenInference's own agent and tool spans, written as OTLP/JSON by the

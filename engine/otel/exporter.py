@@ -1,6 +1,6 @@
 """Runs as OTLP/JSON traces: one trace per run, branches as their own traces linked to their parent.
 
-Span layout (docs/decisions.md, entry 11):
+Span layout (docs/decisions.md, entry 12):
 
     car.run <scenario>              root, OpenInference CHAIN; outcome, intervention, controls
       invoke_agent <agent>          one per agent turn (step), AGENT
@@ -30,7 +30,8 @@ from typing import Any
 from engine.errors import EngineError
 from engine.journal import Journal
 from engine.otel.attrs import AttrValue, key_values
-from engine.otel.source import ExportSource, LlmFacts, PublicRun, read_source
+from engine.otel.source import ExportSource, LlmFacts, read_source
+from engine.public import PublicRun, public_view
 
 SEMCONV_VERSION = "1.37.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
@@ -373,8 +374,6 @@ def _parent_links(journal: Journal, run: PublicRun) -> list[dict[str, Any]]:
         }
     ]
     if run.fork_step is not None:
-        from engine.otel.source import public_view
-
         at = next(
             (m for m in public_view(journal, parent).messages if m.step == run.fork_step), None
         )

@@ -1,6 +1,6 @@
 """What an export may read of a run: the public view, and the public facts of its LLM calls.
 
-The rule (docs/decisions.md, entry 11): an export is a function of what is public. For a run
+The rule (docs/decisions.md, entry 12): an export is a function of what is public. For a run
 whose scenario can hold a secret (the heist: the mole's recorded request holds its instructions,
 and the run's seeds decide who the mole is), that is
 
@@ -9,7 +9,7 @@ and the run's seeds decide who the mole is), that is
   configuration: the model, the finish reason and the reply's token count.
 
 Never: the recorded request, its token count and latency (the mole's prompt is longer, so both
-betray it), seeds, the secret event, the verdict of `car accuse`.
+betray it), seeds, the secret event, the verdict of `car accuse` (the reveal).
 
 Runs made by `car import` are transparent: their requests came from a trace file the user
 already had, and no secret was ever recorded, so their exports carry the recorded request,
@@ -23,113 +23,10 @@ from typing import Any
 
 import msgspec
 
-from engine import events as ev
 from engine.journal import Journal
+from engine.public import PublicMessage, PublicRun, PublicToolUse, public_view
 
 TRANSPARENT_SCENARIOS = frozenset({"imported"})
-
-# --- public view adapter -------------------------------------------------------------------
-# The shape of engine/public.py's read model (docs: the interfaces agreed between lanes), read
-# here only until that module lands; then these names are imported from it instead.
-
-
-class PublicMessage(msgspec.Struct, frozen=True):
-    seq: int
-    step: int
-    agent: str
-    text: str
-
-
-class PublicToolUse(msgspec.Struct, frozen=True):
-    seq: int
-    step: int
-    agent: str
-    tool: str
-    param: str
-    success: bool
-    output: str
-    error: str | None
-
-
-class PublicRun(msgspec.Struct, frozen=True):
-    run_id: str
-    scenario: str
-    agents: list[str]
-    status: str
-    steps: int
-    parent_run_id: str | None
-    fork_step: int | None
-    outcome: dict[str, Any] | None
-    messages: list[PublicMessage]
-    tool_usage: list[PublicToolUse]
-    controls: list[dict[str, Any]]
-    verdict: dict[str, Any] | None
-    policy: str = ""
-    rounds: int = 0
-    interventions: list[dict[str, Any]] = msgspec.field(default_factory=list)
-
-
-_HIDDEN_KINDS = frozenset({*ev.SECRET_KINDS, "llm_call", "suspicion_declared"})
-
-
-def public_view(journal: Journal, run_id: str) -> PublicRun:
-    """The public view of a run's history (secret events, LLM calls and the verdict unread)."""
-    info = journal.run(run_id)
-    scenario, agents, policy, rounds = info.scenario, [], "", 0
-    messages: list[PublicMessage] = []
-    tools: list[PublicToolUse] = []
-    controls: list[dict[str, Any]] = []
-    interventions: list[dict[str, Any]] = []
-    outcome: dict[str, Any] | None = None
-    fork_step: int | None = None
-    for stored in journal.read(info.run_id):
-        if stored.kind in _HIDDEN_KINDS:
-            continue
-        e = stored.event
-        if isinstance(e, ev.RunStarted):
-            scenario, agents = e.scenario, list(e.agents)
-            policy, rounds = str(e.policy.get("name", "")), e.rounds
-        elif isinstance(e, ev.ChatMessage):
-            messages.append(PublicMessage(stored.seq, e.step or 0, e.agent, e.text))
-        elif isinstance(e, ev.ToolResult):
-            tools.append(
-                PublicToolUse(
-                    stored.seq, e.step or 0, e.agent, e.tool, e.param, e.ok, e.output, e.error
-                )
-            )
-        elif isinstance(e, ev.Control):
-            controls.append(
-                {"seq": stored.seq, "step": e.step, "action": e.action, "reason": e.reason}
-            )
-        elif isinstance(e, ev.Intervention):
-            interventions.append({"seq": stored.seq, "op": e.op, "at": e.at, "value": e.value})
-            if stored.seq == info.fork_seq:
-                fork_step = e.at
-        elif isinstance(e, ev.RunEnded):
-            outcome = dict(e.outcome) if e.status == "completed" else None
-    status = journal.status(info.run_id)
-    if status in ("recording", "paused"):
-        outcome = None
-    return PublicRun(
-        run_id=info.run_id,
-        scenario=scenario,
-        agents=agents,
-        status=status,
-        steps=journal.steps(info.run_id),
-        parent_run_id=info.parent_run_id,
-        fork_step=fork_step,
-        outcome=outcome,
-        messages=messages,
-        tool_usage=tools,
-        controls=controls,
-        verdict=None,
-        policy=policy,
-        rounds=rounds,
-        interventions=interventions,
-    )
-
-
-# -------------------------------------------------------------------------------------------
 
 
 class LlmFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -219,3 +116,14 @@ def _provider(policy: dict[str, Any]) -> str | None:
     if name == "openai":
         return "openai"
     return f"car.{name}" if name else None
+
+
+__all__ = [
+    "ExportSource",
+    "LlmFacts",
+    "PublicMessage",
+    "PublicRun",
+    "PublicToolUse",
+    "public_view",
+    "read_source",
+]
