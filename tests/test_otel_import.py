@@ -82,8 +82,8 @@ with open(out, "w") as f:
 def test_import_an_openinference_trace(tmp_path: Path, llama_base_url: str) -> None:
     """A trace that OpenInference's OpenAI instrumentation wrote against the real llama.cpp
     server imports as one run: three LLM steps of two agents, the tool call in the step it ran
-    in; `car show` and the public view read its transcript and tool usage; its export carries
-    the recorded seeds; fork refuses it in one line."""
+    in; `car show`, the public view and `car detect` read its transcript and tool usage; its
+    export carries the recorded seeds; fork refuses it in one line."""
     program, trace = tmp_path / "program.py", tmp_path / "trace.json"
     program.write_text(PROGRAM)
     res = subprocess.run(
@@ -132,6 +132,9 @@ def test_import_an_openinference_trace(tmp_path: Path, llama_base_url: str) -> N
     assert [attrs_of(s)["gen_ai.request.seed"] for s in chats] == [42, 43, 44]
     assert all(attrs_of(s)["gen_ai.usage.input_tokens"] > 0 for s in chats)
 
+    detected = json.loads(car(journal, "detect", run, "--json").stdout)
+    assert set(detected["suspicion_scores"]) == {"researcher", "writer"}
+
     fork = car(journal, "fork", run, "--at", "1", "--do", "resample", "-n", "1")
     assert fork.returncode == 1 and "no program to re-run" in fork.stderr
     assert len(fork.stderr.strip().splitlines()) == 1
@@ -139,7 +142,8 @@ def test_import_an_openinference_trace(tmp_path: Path, llama_base_url: str) -> N
 
 def test_exported_heist_imports_back_the_same(tmp_path: Path) -> None:
     """A heist exported and imported back reads the same step for step: `car diff` finds no
-    difference between the original and the imported run, and their tool usage agrees."""
+    difference between the original and the imported run, their tool usage agrees, and the
+    detector (which reads the public view only) scores both alike."""
     journal = tmp_path / "j.db"
     with Journal(journal) as j:
         run, _ = heist_with_branches(j, seed=4)
@@ -154,6 +158,11 @@ def test_exported_heist_imports_back_the_same(tmp_path: Path) -> None:
         (t.agent, t.tool, t.param, t.success) for t in b.tool_usage
     ]
     assert b.agents == a.agents
+    scores = [
+        json.loads(car(journal, "detect", rid, "--json").stdout)["suspicion_scores"]
+        for rid in (run, imported["run_id"])
+    ]
+    assert scores[0] == scores[1] and set(scores[0]) == set(a.agents)
 
 
 def _genai_trace() -> dict[str, Any]:
