@@ -123,11 +123,15 @@ def import_cmd(
         return
     for r in runs:
         out.print(
-            f"imported trace {r.trace_id} as run {r.run_id}: {r.steps} steps, "
-            f"{r.tool_calls} tool calls, agents {', '.join(r.agents)} ({r.status})",
+            f"imported trace {r.trace_id} as run {r.run_id}: {_n(r.steps, 'step')}, "
+            f"{_n(r.tool_calls, 'tool call')}, agents {', '.join(r.agents)} ({r.status})",
             highlight=False,
         )
     out.print(f"next: car show {runs[0].run_id}", highlight=False)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _builtins(obj: Any) -> dict[str, Any]:
@@ -182,8 +186,10 @@ def diff_cmd(
             for side, name in ((s.a, "a"), (s.b, "b")):
                 for t in side.tools if side else []:
                     shown = t.output if t.success else f"FAILED: {t.output}"
+                    shown = " ".join(shown.split())
+                    shown = shown if len(shown) <= 100 else shown[:99] + "…"
                     out.print(
-                        f"      {name}: {t.tool}({t.param}) = {shown[:100]}",
+                        f"      {name}: {t.tool}({t.param}) = {shown}",
                         highlight=False,
                         markup=False,
                     )
