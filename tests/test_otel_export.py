@@ -14,6 +14,7 @@ import pytest
 from otel_helpers import attrs_of, car, heist_with_branches, otlp_message, spans_of
 from servers import free_port
 
+from engine.events import LlmCall
 from engine.heist.mole import Strategy, instructions
 from engine.heist.session import record_heist
 from engine.journal import Journal
@@ -185,7 +186,10 @@ def test_exports_never_carry_the_secret(tmp_path: Path, strategy: Strategy) -> N
     with Journal(path) as j:
         run, _ = heist_with_branches(j, seed=11, mole="intel", strategy=strategy.value)
         text = json.dumps(trace_document(j, export_runs(j, run, with_branches=True)))
+        recorded = [e for e in j.events(run) if isinstance(e, LlmCall) and e.agent == "intel"]
     secret = instructions(strategy)
+    # the journal does hold it: the mole's recorded request carries its instructions
+    assert secret in recorded[0].request[0]["content"]
     for name in Strategy:
         assert name.value not in text
     for sentence in secret.split(". "):
