@@ -478,6 +478,12 @@ def _progress() -> Any:
     )
 
 
+def _ensure_rerunnable(j: Any, run_id: str) -> None:
+    from engine.otel.importer import ensure_rerunnable
+
+    ensure_rerunnable(j, run_id)
+
+
 def _policy_override(
     base_url: str | None, model: str | None, drift: float | None
 ) -> dict[str, Any] | None:
@@ -511,6 +517,7 @@ def fidelity_cmd(
     from engine.replay import fidelity
 
     with open_journal(create=False) as j, _progress() as bar:
+        _ensure_rerunnable(j, run_id)
         task = bar.add_task("re-executing steps", total=None)
         report = fidelity(
             j,
@@ -596,6 +603,7 @@ def fork_cmd(
             fail(f"cannot read --value-file {str(value_file)!r}: {e.strerror}")
     iv = parse_intervention(do, at, value)
     with open_journal(create=False) as j, _progress() as bar:
+        _ensure_rerunnable(j, run_id)
         task = bar.add_task(f"branches do_{do}@{at}", total=n)
         report = fork_many(
             j,
@@ -748,6 +756,7 @@ def attribute_cmd(
     from engine.attribution.heist_report import attribute_run
 
     with open_journal(create=False) as j, _progress() as bar:
+        _ensure_rerunnable(j, run_id)
         task = bar.add_task(f"{method} forward runs", total=None)
         data = attribute_run(
             j,
@@ -812,8 +821,10 @@ def attribute_cmd(
 
 
 from engine.commands import detect as _detect_commands  # noqa: E402
+from engine.commands import traces as _traces  # noqa: E402
 
 _detect_commands.register(app)
+_traces.register(app)
 
 from engine.commands import serve as _serve  # noqa: E402
 

@@ -1,0 +1,7 @@
+"""OpenTelemetry in and out: runs as OTLP/JSON traces, and traces of LLM programs as runs.
+
+`exporter` writes a run (and its branches) as traces with the GenAI semantic conventions'
+`gen_ai.*` attributes and OpenInference's attributes side by side; `importer` reads traces
+written by OpenTelemetry's and OpenInference's instrumentations into runs. `source` is the one
+place the exporter reads a run from, and it reads only what is public.
+"""

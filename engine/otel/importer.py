@@ -1,0 +1,770 @@
+"""Traces of LLM programs as runs: OTLP/JSON in, one run per trace.
+
+Reads what OpenTelemetry's and OpenInference's instrumentations write:
+
+- LLM spans (`openinference.span.kind=LLM`, or `gen_ai.operation.name` chat / text_completion
+  / generate_content) become steps, in start-time order. Messages come from
+  `gen_ai.input.messages`/`gen_ai.output.messages` (GenAI v1.37+), OpenInference's
+  `llm.input_messages.<i>.message.*`/`llm.output_messages.*`, OpenLLMetry's
+  `gen_ai.prompt.<i>.*`/`gen_ai.completion.<i>.*`, GenAI span events (v1.27-era), or finally
+  `input.value`/`output.value`.
+- Tool spans (`TOOL`, `execute_tool`) become the tool calls of the step they ran in: the last
+  LLM step that started before them. A tool call the model asked for without a tool span is
+  kept as a call, with its result when a later request answers it (a `tool` message with the
+  same call id).
+- The acting agent is the span's `gen_ai.agent.name`, else that of its nearest agent span
+  (`AGENT`, `invoke_agent`), else "assistant".
+
+The file may be one OTLP/JSON document or JSON Lines of them (the Collector's file exporter).
+Ids may be hex (OTLP/JSON) or base64 (protobuf's JSON mapping). All journal events are built
+by one function, `trace_events`, and written through `Journal.create_run` / `Journal.append`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from engine import events as ev
+from engine.errors import EngineError
+from engine.journal import Journal
+from engine.otel.attrs import attributes
+
+IMPORTED_SCENARIO = "imported"
+DEFAULT_AGENT = "assistant"
+_LLM_OPERATIONS = {"chat", "text_completion", "generate_content", "completion"}
+
+
+class TraceImportError(EngineError):
+    """A file is not a readable OTLP/JSON trace of an LLM program."""
+
+
+class NotReRunnable(EngineError):
+    """The run was imported from a trace: there is no program to re-run."""
+
+
+# ------------------------------------------------------------------------------- parsing
+
+
+class Span(msgspec.Struct, frozen=True):
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    start: int
+    end: int
+    attrs: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]]
+    error: str | None  # status message when the span's status is ERROR
+    service: str | None
+    order: int  # position in the file: a tie-break for equal start times
+
+
+def _id(value: Any, size: int, where: str) -> str:
+    """A trace/span id as lowercase hex: OTLP/JSON's hex, or base64 from protobuf's mapping."""
+    if not isinstance(value, str) or not value:
+        raise TraceImportError(f"{where}: expected a {size}-byte id, got {value!r}")
+    text = value.strip()
+    if len(text) == 2 * size:
+        try:
+            bytes.fromhex(text)
+            return text.lower()
+        except ValueError:
+            pass
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != size:
+        raise TraceImportError(f"{where}: expected a {size}-byte id (hex), got {value!r}")
+    return raw.hex()
+
+
+def _int(value: Any, where: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise TraceImportError(f"{where}: expected an integer time, got {value!r}") from None
+
+
+def _documents(text: str, source: str) -> list[tuple[str, Any]]:
+    """The JSON documents of a file: one document, or one per line (JSON Lines)."""
+    try:
+        return [(source, json.loads(text))]
+    except json.JSONDecodeError as whole:
+        lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if len(lines) <= 1:
+            raise TraceImportError(
+                f"{source} is not JSON: {whole.msg} at line {whole.lineno} column {whole.colno}"
+            ) from None
+        docs = []
+        for i, line in lines:
+            try:
+                docs.append((f"{source} line {i}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise TraceImportError(
+                    f"{source} line {i} is not JSON: {e.msg} at column {e.colno}"
+                ) from None
+        return docs
+
+
+def parse_spans(text: str, source: str = "trace") -> list[Span]:
+    """Every span of an OTLP/JSON file, with attributes flattened to plain values."""
+    spans: list[Span] = []
+    for where, doc in _documents(text, source):
+        if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
+            got = type(doc).__name__ if not isinstance(doc, dict) else sorted(doc)[:5]
+            raise TraceImportError(
+                f"{where} is not an OTLP/JSON trace: expected an object with 'resourceSpans', "
+                f"got {got!r}"
+            )
+        for r, rs in enumerate(doc["resourceSpans"]):
+            if not isinstance(rs, dict):
+                raise TraceImportError(f"{where}: resourceSpans[{r}] is not an object")
+            resource = attributes((rs.get("resource") or {}).get("attributes"))
+            service = resource.get("service.name")
+            scopes = rs.get("scopeSpans", rs.get("instrumentationLibrarySpans", []))
+            for s, ss in enumerate(scopes if isinstance(scopes, list) else []):
+                for n, raw in enumerate((ss or {}).get("spans") or []):
+                    at = f"{where}: resourceSpans[{r}].scopeSpans[{s}].spans[{n}]"
+                    spans.append(_span(raw, at, service, len(spans)))
+    return spans
+
+
+def _span(raw: Any, at: str, service: Any, order: int) -> Span:
+    if not isinstance(raw, dict):
+        raise TraceImportError(f"{at} is not an object")
+    parent = raw.get("parentSpanId") or None
+    status = raw.get("status") or {}
+    code = status.get("code")
+    error = None
+    if code in (2, "STATUS_CODE_ERROR", "ERROR"):
+        error = str(status.get("message") or "error")
+    events = [
+        (str(e.get("name", "")), attributes(e.get("attributes")))
+        for e in raw.get("events") or []
+        if isinstance(e, dict)
+    ]
+    return Span(
+        trace_id=_id(raw.get("traceId"), 16, f"{at}.traceId"),
+        span_id=_id(raw.get("spanId"), 8, f"{at}.spanId"),
+        parent_id=_id(parent, 8, f"{at}.parentSpanId") if parent else None,
+        name=str(raw.get("name", "")),
+        start=_int(raw.get("startTimeUnixNano", 0), f"{at}.startTimeUnixNano"),
+        end=_int(raw.get("endTimeUnixNano", 0), f"{at}.endTimeUnixNano"),
+        attrs=attributes(raw.get("attributes")),
+        events=events,
+        error=error,
+        service=str(service) if service is not None else None,
+        order=order,
+    )
+
+
+# ----------------------------------------------------------------------- interpretation
+
+
+class ImportedTool(msgspec.Struct, frozen=True):
+    name: str
+    param: str
+    ok: bool = True
+    output: str = ""
+    error: str | None = None
+    answered: bool = True  # False: the model asked for it, nothing in the trace answered
+    from_span: bool = False  # executed in a tool span (not only asked for by the model)
+
+
+class ImportedStep(msgspec.Struct, frozen=True):
+    agent: str
+    request: list[dict[str, str]]
+    response: str
+    model: str
+    finish_reason: str
+    seed: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    tools: list[ImportedTool]
+
+
+class ImportedTrace(msgspec.Struct, frozen=True):
+    trace_id: str
+    source: str
+    service: str | None
+    started_at: str
+    agents: list[str]
+    steps: list[ImportedStep]
+    provider: str | None
+    model: str | None
+    error: str | None  # the root span's error: the program failed
+
+
+def span_kind(span: Span) -> str | None:
+    """LLM, TOOL, AGENT (or another OpenInference kind), from either convention."""
+    kind = span.attrs.get("openinference.span.kind")
+    if isinstance(kind, str) and kind:
+        return kind.upper()
+    op = span.attrs.get("gen_ai.operation.name")
+    if op in _LLM_OPERATIONS:
+        return "LLM"
+    if op == "execute_tool":
+        return "TOOL"
+    if op in ("invoke_agent", "create_agent"):
+        return "AGENT"
+    if "llm.model_name" in span.attrs or "gen_ai.request.model" in span.attrs:
+        return "LLM"
+    return None
+
+
+def _loads(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value
+
+
+def _parts_text(message: dict[str, Any]) -> str:
+    """The text of a GenAI (v1.37) message's parts, or of an OpenAI-style message's content."""
+    parts = message.get("parts")
+    if isinstance(parts, list):
+        texts = []
+        for p in parts:
+            if not isinstance(p, dict):
+                continue
+            if p.get("type") == "text":
+                texts.append(str(p.get("content", "")))
+            elif p.get("type") == "tool_call_response":
+                texts.append(_as_text(p.get("response", p.get("result", ""))))
+        return "".join(texts)
+    return _as_text(message.get("content", ""))
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # OpenAI content parts
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """Flattened lists (`prefix.<i>.<rest>`) back into a list of dicts keyed by <rest>."""
+    found: dict[int, dict[str, Any]] = {}
+    for key, value in attrs.items():
+        if not key.startswith(prefix + "."):
+            continue
+        head, _, rest = key[len(prefix) + 1 :].partition(".")
+        if head.isdigit() and rest:
+            found.setdefault(int(head), {})[rest] = value
+    return [found[i] for i in sorted(found)]
+
+
+def _oi_messages(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    out = []
+    for m in _indexed(attrs, prefix):
+        content = m.get("message.content")
+        if content is None:  # multimodal: message.contents.<j>.message_content.text
+            texts = [
+                str(v)
+                for k, v in sorted(m.items())
+                if k.startswith("message.contents.") and k.endswith("message_content.text")
+            ]
+            content = "".join(texts)
+        calls = _oi_tool_calls(m)
+        out.append(
+            {
+                "role": str(m.get("message.role", "user")),
+                "content": _as_text(content),
+                "tool_call_id": m.get("message.tool_call_id"),
+                "tool_calls": calls,
+            }
+        )
+    return out
+
+
+def _oi_tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    calls: dict[int, dict[str, Any]] = {}
+    for key, value in message.items():
+        if not key.startswith("message.tool_calls."):
+            continue
+        head, _, rest = key[len("message.tool_calls.") :].partition(".")
+        if head.isdigit():
+            calls.setdefault(int(head), {})[rest] = value
+    return [
+        {
+            "id": c.get("tool_call.id"),
+            "name": c.get("tool_call.function.name"),
+            "arguments": c.get("tool_call.function.arguments"),
+        }
+        for _, c in sorted(calls.items())
+        if c.get("tool_call.function.name")
+    ]
+
+
+def _genai_messages(value: Any) -> list[dict[str, Any]] | None:
+    data = _loads(value)
+    if not isinstance(data, list):
+        return None
+    out = []
+    for m in data:
+        if not isinstance(m, dict):
+            continue
+        calls = []
+        call_id = m.get("tool_call_id")
+        for p in m.get("parts") or []:
+            if isinstance(p, dict) and p.get("type") == "tool_call":
+                calls.append(
+                    {"id": p.get("id"), "name": p.get("name"), "arguments": p.get("arguments")}
+                )
+            if isinstance(p, dict) and p.get("type") == "tool_call_response":
+                call_id = p.get("id", call_id)
+        out.append(
+            {
+                "role": str(m.get("role", "user")),
+                "content": _parts_text(m),
+                "tool_call_id": call_id,
+                "tool_calls": calls,
+                "finish_reason": m.get("finish_reason"),
+            }
+        )
+    return out
+
+
+def _event_messages(span: Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """GenAI messages written as span events (gen_ai.user.message, gen_ai.choice, ...)."""
+    inputs: list[dict[str, Any]] = []
+    outputs: list[dict[str, Any]] = []
+    for name, a in span.events:
+        if name == "gen_ai.choice":
+            msg = _loads(a.get("message")) or {}
+            content = msg.get("content") if isinstance(msg, dict) else None
+            outputs.append(
+                {
+                    "role": "assistant",
+                    "content": _as_text(content or a.get("content")),
+                    "tool_calls": [],
+                    "finish_reason": a.get("finish_reason"),
+                }
+            )
+        elif name.startswith("gen_ai.") and name.endswith(".message"):
+            role = name.removeprefix("gen_ai.").removesuffix(".message")
+            inputs.append(
+                {
+                    "role": role,
+                    "content": _as_text(a.get("content")),
+                    "tool_call_id": a.get("id"),
+                    "tool_calls": [],
+                }
+            )
+    return inputs, outputs
+
+
+def _messages(span: Span) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    a = span.attrs
+    inputs = _genai_messages(a.get("gen_ai.input.messages"))
+    outputs = _genai_messages(a.get("gen_ai.output.messages"))
+    if inputs is not None and "gen_ai.system_instructions" in a:
+        system = _loads(a["gen_ai.system_instructions"])
+        text = (
+            "".join(_parts_text({"parts": [p]}) for p in system)
+            if isinstance(system, list)
+            else _as_text(a["gen_ai.system_instructions"])
+        )
+        inputs = [{"role": "system", "content": text, "tool_calls": []}, *inputs]
+    if inputs is None and any(k.startswith("llm.input_messages.") for k in a):
+        inputs = _oi_messages(a, "llm.input_messages")
+    if outputs is None and any(k.startswith("llm.output_messages.") for k in a):
+        outputs = _oi_messages(a, "llm.output_messages")
+    if inputs is None and any(k.startswith("gen_ai.prompt.") for k in a):
+        inputs = [
+            {
+                "role": str(m.get("role", "user")),
+                "content": _as_text(m.get("content")),
+                "tool_calls": [],
+            }
+            for m in _indexed(a, "gen_ai.prompt")
+        ]
+    if outputs is None and any(k.startswith("gen_ai.completion.") for k in a):
+        outputs = [
+            {
+                "role": str(m.get("role", "assistant")),
+                "content": _as_text(m.get("content")),
+                "tool_calls": [],
+                "finish_reason": m.get("finish_reason"),
+            }
+            for m in _indexed(a, "gen_ai.completion")
+        ]
+    if inputs is None or outputs is None:
+        ev_in, ev_out = _event_messages(span)
+        inputs = inputs if inputs is not None else (ev_in or None)
+        outputs = outputs if outputs is not None else (ev_out or None)
+    if inputs is None:
+        inputs = _from_value(a.get("input.value"), "messages", "user")
+    if outputs is None:
+        outputs = _from_value(a.get("output.value"), "choices", "assistant")
+    return inputs, outputs
+
+
+def _from_value(value: Any, key: str, role: str) -> list[dict[str, Any]]:
+    """OpenInference's input.value / output.value: an OpenAI request or response body, or text."""
+    if value is None:
+        return []
+    data = _loads(value)
+    if isinstance(data, dict) and isinstance(data.get(key), list):
+        out = []
+        for item in data[key]:
+            if not isinstance(item, dict):
+                continue
+            m = item.get("message", item) if key == "choices" else item
+            if not isinstance(m, dict):
+                continue
+            out.append(
+                {
+                    "role": str(m.get("role", role)),
+                    "content": _as_text(m.get("content")),
+                    "tool_call_id": m.get("tool_call_id"),
+                    "tool_calls": [
+                        {"id": c.get("id"), **(c.get("function") or {})}
+                        for c in m.get("tool_calls") or []
+                        if isinstance(c, dict)
+                    ],
+                    "finish_reason": item.get("finish_reason") if key == "choices" else None,
+                }
+            )
+        return out
+    return [{"role": role, "content": _as_text(value), "tool_calls": []}]
+
+
+def _first(a: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if a.get(k) not in (None, ""):
+            return a[k]
+    return None
+
+
+def _agent_of(span: Span, by_id: dict[str, Span]) -> str:
+    own = _first(span.attrs, "gen_ai.agent.name", "agent.name")
+    if own:
+        return str(own)
+    seen = set()
+    parent = by_id.get(span.parent_id or "")
+    while parent is not None and parent.span_id not in seen:
+        seen.add(parent.span_id)
+        if span_kind(parent) == "AGENT":
+            name = _first(parent.attrs, "gen_ai.agent.name", "agent.name")
+            return str(name or parent.name.removeprefix("invoke_agent ").strip() or DEFAULT_AGENT)
+        parent = by_id.get(parent.parent_id or "")
+    return DEFAULT_AGENT
+
+
+def _tool_from_span(span: Span) -> ImportedTool:
+    a = span.attrs
+    name = _first(a, "gen_ai.tool.name", "tool.name") or span.name.removeprefix("execute_tool ")
+    param = _first(a, "gen_ai.tool.call.arguments", "tool.parameters", "input.value")
+    params = _loads(param)
+    if isinstance(params, dict) and set(params) == {"param"}:
+        param = params["param"]
+    output = _as_text(_first(a, "gen_ai.tool.call.result", "output.value"))
+    if span.error is not None:
+        return ImportedTool(
+            str(name), _as_text(param), False, "", span.error or output, from_span=True
+        )
+    return ImportedTool(str(name), _as_text(param), True, output, from_span=True)
+
+
+def _step(span: Span, by_id: dict[str, Span]) -> tuple[ImportedStep, list[dict[str, Any]]]:
+    a = span.attrs
+    inputs, outputs = _messages(span)
+    invocation = _loads(a.get("llm.invocation_parameters"))
+    invocation = invocation if isinstance(invocation, dict) else {}
+    seed = _first(a, "gen_ai.request.seed") or invocation.get("seed") or 0
+    finishes = a.get("gen_ai.response.finish_reasons")
+    finish = (
+        finishes[0]
+        if isinstance(finishes, list) and finishes
+        else next((m.get("finish_reason") for m in outputs if m.get("finish_reason")), None)
+    )
+    if span.error is not None:
+        finish = "error"
+    model = _first(a, "gen_ai.request.model", "llm.model_name", "gen_ai.response.model")
+    model = model or invocation.get("model") or "unknown"
+    text = "".join(m["content"] for m in outputs if m.get("role", "assistant") == "assistant")
+    asked = [c for m in outputs for c in m.get("tool_calls") or []]
+    step = ImportedStep(
+        agent=_agent_of(span, by_id),
+        request=[{"role": m["role"], "content": m["content"]} for m in inputs],
+        response=text,
+        model=str(model),
+        finish_reason=str(finish or "unknown"),
+        seed=_seed(seed),
+        prompt_tokens=int(
+            _first(
+                a,
+                "gen_ai.usage.input_tokens",
+                "llm.token_count.prompt",
+                "gen_ai.usage.prompt_tokens",
+            )
+            or 0
+        ),
+        completion_tokens=int(
+            _first(
+                a,
+                "gen_ai.usage.output_tokens",
+                "llm.token_count.completion",
+                "gen_ai.usage.completion_tokens",
+            )
+            or 0
+        ),
+        latency_ms=round(max(0, span.end - span.start) / 1e6, 3),
+        tools=[],
+    )
+    return step, asked
+
+
+def _seed(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _answers(spans: list[Span]) -> dict[str, str]:
+    """Tool results that later requests carry: tool_call_id -> content."""
+    out: dict[str, str] = {}
+    for s in spans:
+        inputs, _ = _messages(s)
+        for m in inputs:
+            if m.get("role") == "tool" and m.get("tool_call_id"):
+                out[str(m["tool_call_id"])] = m["content"]
+    return out
+
+
+def interpret(spans: list[Span], source: str) -> list[ImportedTrace]:
+    """One ImportedTrace per trace id that holds at least one LLM span."""
+    by_trace: dict[str, list[Span]] = {}
+    seen: set[tuple[str, str]] = set()
+    for s in spans:
+        if (s.trace_id, s.span_id) in seen:  # sent twice (an exporter's retry): read once
+            continue
+        seen.add((s.trace_id, s.span_id))
+        by_trace.setdefault(s.trace_id, []).append(s)
+    traces = []
+    for tid, group in by_trace.items():
+        by_id = {s.span_id: s for s in group}
+        ordered = sorted(group, key=lambda s: (s.start, s.order))
+        llm_spans = [s for s in ordered if span_kind(s) == "LLM"]
+        if not llm_spans:
+            continue
+        answers = _answers(llm_spans)
+        steps: list[ImportedStep] = []
+        tools: list[list[ImportedTool]] = []
+        for s in llm_spans:
+            step, asked = _step(s, by_id)
+            steps.append(step)
+            tools.append(
+                [
+                    ImportedTool(
+                        str(c.get("name")),
+                        _as_text(c.get("arguments")),
+                        output=answers.get(str(c.get("id")), ""),
+                        answered=str(c.get("id")) in answers,
+                    )
+                    for c in asked
+                ]
+            )
+        for s in ordered:
+            if span_kind(s) != "TOOL":
+                continue
+            k = max((i for i, llm in enumerate(llm_spans) if llm.start <= s.start), default=0)
+            tool = _tool_from_span(s)
+            tools[k] = _merge(tools[k], tool)
+        steps = [msgspec.structs.replace(st, tools=t) for st, t in zip(steps, tools, strict=True)]
+        roots = [s for s in group if s.parent_id is None or s.parent_id not in by_id]
+        error = next((s.error for s in roots if s.error is not None), None)
+        agents: list[str] = []
+        for st in steps:
+            if st.agent not in agents:
+                agents.append(st.agent)
+        provider = _first(
+            llm_spans[0].attrs,
+            "gen_ai.provider.name",
+            "gen_ai.system",
+            "llm.provider",
+            "llm.system",
+        )
+        traces.append(
+            ImportedTrace(
+                trace_id=tid,
+                source=source,
+                service=next((s.service for s in group if s.service), None),
+                started_at=_iso(min(s.start for s in group)),
+                agents=agents,
+                steps=steps,
+                provider=str(provider) if provider else None,
+                model=steps[0].model if steps else None,
+                error=error,
+            )
+        )
+    return traces
+
+
+def _merge(tools: list[ImportedTool], executed: ImportedTool) -> list[ImportedTool]:
+    """Add a tool span to its step. It is the execution of the first call of that tool the
+    model asked for, so it takes that call's place (and what the span leaves out, the call's
+    arguments and answer, is taken from the call)."""
+    for i, t in enumerate(tools):
+        if t.name == executed.name and not t.from_span:
+            merged = msgspec.structs.replace(
+                executed,
+                param=executed.param or t.param,
+                output=executed.output or (t.output if executed.ok else ""),
+            )
+            return [*tools[:i], merged, *tools[i + 1 :]]
+    return [*tools, executed]
+
+
+def _iso(ns: int) -> str:
+    t = dt.datetime.fromtimestamp(ns // 1_000_000_000, dt.UTC)
+    t = t.replace(microsecond=(ns % 1_000_000_000) // 1000)
+    return t.isoformat(timespec="microseconds")
+
+
+# --------------------------------------------------------------------------------- events
+
+
+def trace_events(trace: ImportedTrace) -> list[ev.Event]:
+    """Every journal event of an imported run. The only place an import builds events."""
+    from engine.heist.session import engine_version
+
+    events: list[ev.Event] = [
+        ev.RunStarted(
+            scenario=IMPORTED_SCENARIO,
+            config={
+                "source": {
+                    "file": trace.source,
+                    "trace_id": trace.trace_id,
+                    "service": trace.service,
+                },
+            },
+            agents=list(trace.agents),
+            policy={"name": IMPORTED_SCENARIO, "provider": trace.provider, "model": trace.model},
+            root_seed=0,
+            engine_version=engine_version(),
+            started_at=trace.started_at,
+        )
+    ]
+    for k, s in enumerate(trace.steps):
+        events.append(
+            ev.LlmCall(
+                step=k,
+                agent=s.agent,
+                request=s.request,
+                seed=s.seed,
+                model=s.model,
+                response=s.response,
+                finish_reason=s.finish_reason,
+                prompt_tokens=s.prompt_tokens,
+                completion_tokens=s.completion_tokens,
+                latency_ms=s.latency_ms,
+            )
+        )
+        for t in s.tools:
+            events.append(ev.ToolCall(step=k, agent=s.agent, tool=t.name, param=t.param))
+            if t.answered:
+                events.append(
+                    ev.ToolResult(
+                        step=k,
+                        agent=s.agent,
+                        tool=t.name,
+                        param=t.param,
+                        ok=t.ok,
+                        output=t.output,
+                        error=t.error,
+                    )
+                )
+        events.append(ev.ChatMessage(step=k, agent=s.agent, text=s.response))
+    if trace.error is not None:
+        events.append(ev.RunEnded(status="failed", error=trace.error))
+    else:
+        events.append(ev.RunEnded(status="completed"))
+    return events
+
+
+class ImportedRun(msgspec.Struct, frozen=True):
+    run_id: str
+    trace_id: str
+    agents: list[str]
+    steps: int
+    tool_calls: int
+    status: str
+
+
+def read_traces(path: str | Path) -> list[ImportedTrace]:
+    """Parse and interpret a trace file; TraceImportError (one line) on anything malformed."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceImportError(f"no such file: {str(p)!r}") from None
+    except IsADirectoryError:
+        raise TraceImportError(f"{str(p)!r} is a directory, not a trace file") from None
+    except UnicodeDecodeError:
+        raise TraceImportError(f"{str(p)!r} is not UTF-8 text (OTLP/JSON expected)") from None
+    except OSError as e:
+        raise TraceImportError(f"cannot read {str(p)!r}: {e.strerror}") from e
+    spans = parse_spans(text, p.name)
+    if not spans:
+        raise TraceImportError(f"{p.name} holds no spans")
+    traces = interpret(spans, p.name)
+    if not traces:
+        raise TraceImportError(
+            f"{p.name} holds {len(spans)} spans but no LLM call (expected spans with "
+            "openinference.span.kind=LLM or gen_ai.operation.name=chat)"
+        )
+    return traces
+
+
+def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[ImportedRun]:
+    """One run per trace, each appended whole in one transaction."""
+    done = []
+    for t in traces:
+        events = trace_events(t)
+        run_id = journal.create_run(IMPORTED_SCENARIO, label=f"trace {t.trace_id}")
+        journal.append(run_id, events, 0)
+        done.append(
+            ImportedRun(
+                run_id=run_id,
+                trace_id=t.trace_id,
+                agents=list(t.agents),
+                steps=len(t.steps),
+                tool_calls=sum(len(s.tools) for s in t.steps),
+                status="failed" if t.error is not None else "completed",
+            )
+        )
+    return done
+
+
+def import_file(journal: Journal, path: str | Path) -> list[ImportedRun]:
+    """`car import FILE`: every trace of the file as a run (nothing written if it is malformed)."""
+    return import_traces(journal, read_traces(path))
+
+
+def ensure_rerunnable(journal: Journal, run_id: str) -> None:
+    """Fork, fidelity and attribution re-run a program; an imported trace has none."""
+    info = journal.run(run_id)
+    if info.scenario == IMPORTED_SCENARIO:
+        raise NotReRunnable(
+            f"run {info.run_id!r} was imported from a trace and has no program to re-run; "
+            "forking and replay need a run recorded by car (a heist, or a program recorded "
+            "through car)"
+        )
