@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from pathlib import Path
-from typing import Annotated, Any
 
-import typer
-from rich.table import Table
-from rich.tree import Tree
 
-from engine import projections as views
-from engine.commands.common import (
+def _interrupted_while_starting(*_: object) -> None:
+    # Ctrl-C while the imports below run (the first ~0.3 s): nothing is open yet, so leave
+    # at once with one line instead of a KeyboardInterrupt traceback from inside a library
+    os.write(2, b"interrupted\n")
+    os._exit(130)
+
+
+signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Any  # noqa: E402
+
+import typer  # noqa: E402
+from rich.table import Table  # noqa: E402
+from rich.tree import Tree  # noqa: E402
+
+from engine import projections as views  # noqa: E402
+from engine.commands.common import (  # noqa: E402
     JsonOpt,
     emit_json,
     err,
@@ -21,7 +34,10 @@ from engine.commands.common import (
     options,
     out,
 )
-from engine.errors import EngineError
+from engine.errors import EngineError  # noqa: E402
+
+# imported: from here on Ctrl-C is a KeyboardInterrupt that main() turns into one line
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 app = typer.Typer(
     help="Causal Agent Replay: record multi-agent runs, replay and fork them, find the step "
@@ -299,25 +315,31 @@ def _policy_from_options(
         spec.update(given)
     elif base_url or model or given:
         raise typer.BadParameter(
-            "--base-url, --model, --max-tokens, --temperature and --timeout apply to "
-            "--policy openai only"
+            "--base-url, --model, --max-tokens, --temperature, --timeout and --max-reply-bytes "
+            "apply to --policy openai only"
         )
     return make_policy(spec)
 
 
 def _print_step(k: int, agent: str, events: list[Any]) -> None:
-    """Stream one step: the agent's message, then what its tool calls returned."""
+    """Stream one step: the agent's message, then what its tool calls returned. Text from a
+    model or a tool is data: never markup, never terminal control."""
+    from rich.text import Text
+
     from engine import events as ev
+    from engine.terminal import printable
 
     for e in events:
         if isinstance(e, ev.ChatMessage):
-            out.print(f"[bold cyan][{k:>2}] {agent}[/]: ", end="", highlight=False)
-            out.print(e.text, highlight=False, markup=False)
+            line = Text(f"[{k:>2}] {printable(agent)}", style="bold cyan")
+            line.append(": " + printable(e.text, keep_newlines=True))
+            out.print(line, highlight=False)
     for e in events:
         if isinstance(e, ev.ToolResult):
             shown = e.output if e.ok else f"FAILED: {e.error}"
+            tool = f"{printable(e.tool)}({views._clip(printable(e.param), 50)})"
             out.print(
-                f"      [dim]-> {e.tool}({views._clip(e.param, 50)}): {views._clip(shown, 90)}[/]",
+                Text(f"      -> {tool}: {views._clip(printable(shown), 90)}", style="dim"),
                 highlight=False,
             )
 
@@ -347,7 +369,17 @@ def heist_cmd(
         float | None, typer.Option("--temperature", min=0.0, help="openai: sampling (0.8).")
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", min=0.1, help="openai: seconds per call (60).")
+        float | None,
+        typer.Option(
+            "--timeout",
+            help="openai: the most one model call may take in seconds, retries included (60).",
+        ),
+    ] = None,
+    max_reply_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-reply-bytes", help="openai: largest reply accepted, also after gzip (262144)."
+        ),
     ] = None,
     mole: Annotated[str | None, typer.Option("--mole", help="Make this agent the mole.")] = None,
     strategy: Annotated[
@@ -360,24 +392,47 @@ def heist_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Record one heist: six agents plan, one is secretly the mole; ends with the outcome."""
-    import os
     import signal
 
-    from engine.heist.session import record_heist
-    from engine.runtime.control import ControlChannel
+    # Ctrl-C from here on stops the run where its last whole step ended (an LLM call in
+    # flight is aborted), journals the stop and exits 130; a second Ctrl-C is ignored
+    # while the run is being closed, which takes milliseconds.
+    interrupts: list[str] = []
+    pol: Any = None
+    control: Any = None
 
-    pol = _policy_from_options(
-        policy,
-        base_url,
-        model,
-        {"max_tokens": max_tokens, "temperature": temperature, "timeout": timeout},
-    )
-    root_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
-    control = ControlChannel()
-    previous = signal.signal(signal.SIGINT, lambda *_: control.request("stop", "interrupted"))
-    stream = None if (quiet or as_json) else _print_step
+    def on_sigint(*_: object) -> None:
+        interrupts.append("interrupted")
+        if control is not None:
+            control.request("stop", "interrupted")
+        cancel = getattr(pol, "cancel", None)
+        if callable(cancel):
+            cancel()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
+        from engine.heist.session import record_heist
+        from engine.runtime.control import ControlChannel
+
+        control = ControlChannel()
+        if interrupts:
+            raise KeyboardInterrupt
+        pol = _policy_from_options(
+            policy,
+            base_url,
+            model,
+            {
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "timeout": timeout,
+                "max_reply_bytes": max_reply_bytes,
+            },
+        )
+        root_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
+        stream = None if (quiet or as_json) else _print_step
         with open_journal() as j:
+            if interrupts:  # before the run exists: nothing to close
+                raise KeyboardInterrupt
             result = record_heist(
                 j,
                 pol,
@@ -394,6 +449,8 @@ def heist_cmd(
             agents = list(j.events(result.run_id, 1)[0].agents)  # type: ignore[union-attr]
     finally:
         signal.signal(signal.SIGINT, previous)
+    from engine.terminal import printable
+
     outcome = result.outcome
     data = {
         "run_id": result.run_id,
@@ -422,7 +479,7 @@ def heist_cmd(
             verdict = "[red]BAD: the plan would fail[/]" if outcome.get("bad") else "[green]OK[/]"
             out.print(f"outcome: {verdict}  score={outcome.get('score', 0):.3f}", highlight=False)
             for r in outcome.get("reasons", []):
-                out.print(f"  - {r}", highlight=False, markup=False)
+                out.print(f"  - {printable(str(r))}", highlight=False, markup=False)
             out.print(
                 f"next: car accuse {result.run_id} AGENT   |   car fidelity {result.run_id}",
                 highlight=False,
@@ -431,6 +488,9 @@ def heist_cmd(
         fail(f"run {result.run_id} failed and was closed in the journal: {result.error}")
     if result.status == "stopped":
         sys.stderr.write(f"stopped: run {result.run_id} was closed after {result.steps} steps\n")
+        raise SystemExit(130)
+    if interrupts:
+        sys.stderr.write(f"interrupted: run {result.run_id} had already {result.status}\n")
         raise SystemExit(130)
 
 

@@ -1,4 +1,5 @@
-"""Throwaway real servers for tests: PostgreSQL and a llama.cpp OpenAI-compatible server.
+"""Throwaway real servers for tests: PostgreSQL, a llama.cpp OpenAI-compatible server, and a
+fault-injecting OpenAI-compatible server (`FaultyLLMServer`).
 
 Both are context managers that start a private server on a free port of 127.0.0.1, yield how
 to reach it, and stop it (and remove its files) on exit. A server that cannot be started is an
@@ -18,11 +19,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 PG_SYSTEM_USER = "postgres"
 PG_SUPERUSER = "postgres"
@@ -273,3 +276,148 @@ def llama_server(
                 proc.kill()
                 proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- faulty LLM server
+
+CANNED_TEXT = "Checking the vault. [TOOL:calculator:4*9+6] [PLAN:crack_minutes=42]"
+
+
+def completion_body(text: str = CANNED_TEXT, **override: object) -> dict[str, object]:
+    """A well-formed OpenAI chat completion; `override` replaces top-level fields."""
+    body: dict[str, object] = {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "canned",
+        "system_fingerprint": "fp_canned",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+    body.update(override)
+    return body
+
+
+def http_response(
+    status: int,
+    body: bytes,
+    *,
+    ctype: str = "application/json",
+    headers: dict[str, str] | None = None,
+    length: bool = True,
+) -> bytes:
+    """The bytes of an HTTP/1.1 response (Content-Length unless `length` is False)."""
+    lines = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}", "Connection: close"]
+    if length:
+        lines.append(f"Content-Length: {len(body)}")
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class Request:
+    """One request as the faulty server read it."""
+
+    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.body or b"{}")
+
+
+# A fault gets the client's socket after its request was read; it writes whatever it likes.
+Fault = Callable[[socket.socket, Request, threading.Event], None]
+
+
+class FaultyLLMServer:
+    """A real TCP server on 127.0.0.1 that speaks just enough HTTP to read a request and then
+    lets `fault` answer it byte by byte: wrong statuses, resets, hangs, trickles, bad bytes,
+    wrong types, huge or compressed bodies. The first `good` requests get a well-formed
+    completion (`good_text`). Every request is kept in `requests`."""
+
+    def __init__(self, fault: Fault, *, good: int = 0, good_text: str = CANNED_TEXT) -> None:
+        self.fault = fault
+        self.good = good
+        self.good_text = good_text
+        self.requests: list[Request] = []
+        self.release = threading.Event()  # set on exit: hanging faults return
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
+        self._threads: list[threading.Thread] = []
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+
+    def __enter__(self) -> FaultyLLMServer:
+        self._acceptor.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._acceptor.join(5)
+        for t in self._threads:
+            t.join(5)
+
+    def _accept(self) -> None:
+        while not self.release.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        import json
+
+        with conn:
+            try:
+                conn.settimeout(30)
+                req = _read_request(conn)
+                if req is None:
+                    return
+                with self._lock:
+                    self.requests.append(req)
+                    n = len(self.requests)
+                if n <= self.good:
+                    body = json.dumps(completion_body(self.good_text)).encode()
+                    conn.sendall(http_response(200, body))
+                else:
+                    self.fault(conn, req, self.release)
+            except OSError:
+                pass
+
+
+def _read_request(conn: socket.socket) -> Request | None:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    first, *lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = first.split(" ", 2)
+    headers = {}
+    for line in lines:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    need = int(headers.get("content-length", "0"))
+    while len(rest) < need:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return Request(method, path, headers, rest[:need])

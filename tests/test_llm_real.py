@@ -1,11 +1,15 @@
 """Recording, replaying and forking heists through the `openai` policy against a real llama.cpp
 server (SmolLM2-135M-Instruct, one thread).
 
+These tests check the plumbing, never the model's words: another CPU or llama.cpp build makes
+SmolLM2 say something else at the same seed. What is checked holds whatever the model says -
+what was journaled, the seeds, usage, the parse of its tool calls, and that a replay on the same
+machine reproduces the recorded text. Where a tool result must reach a later prompt, the tool
+call is forced with do_action instead of hoped for from the model.
+
 The crew is two of the built-in agents so that a run stays short on one CPU thread: every step
 costs a prompt evaluation of ~500 tokens. The API run plays two rounds, so the second round's
-prompts carry the tool results of the first. Seed 4 is pinned because with it the model calls a
-tool at step 0 (file_reader, which succeeds), so a tool result reaches a later prompt; if another
-llama.cpp build or server setting changes the model's text, that assertion says so.
+prompts carry the tool results of the first.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ SEED = 4
 ROUNDS = 2
 MAX_TOKENS = 48
 CLI_TIMEOUT = 600
+# The first prompt of a run is evaluated one token at a time (--n_ubatch 1, see servers.py):
+# ~75 s for ~540 tokens on a loaded 2-core machine. The deadline of one call is generous so a
+# busy CI machine is not mistaken for a hanging server.
+CALL_TIMEOUT = 400
 
 
 @dataclass
@@ -81,6 +89,7 @@ def recorded(
         "base_url": llama_base_url,
         "model": "smollm2",
         "max_tokens": MAX_TOKENS,
+        "timeout": CALL_TIMEOUT,
     }
     with Journal(path) as j:
         result = record_heist(j, make_policy(spec), seed=SEED, rounds=ROUNDS, config=crew)
@@ -129,10 +138,9 @@ def test_recorded_heist_journals_every_llm_call_with_its_provenance(recorded: Re
         assert c.request[-1]["content"].startswith(reply)
         assert c.seed == step_seed(SEED, k)
         assert c.model == "smollm2"
-        assert c.response.strip()
         assert c.finish_reason in ("stop", "length")
         assert c.prompt_tokens > 0
-        assert 0 < c.completion_tokens <= MAX_TOKENS
+        assert 0 <= c.completion_tokens <= MAX_TOKENS
         if c.finish_reason == "length":
             assert c.completion_tokens == MAX_TOKENS
         assert c.latency_ms > 0
@@ -151,8 +159,6 @@ def test_recorded_heist_journals_every_llm_call_with_its_provenance(recorded: Re
             assert tr.output if tr.ok else tr.error
             tool_results.append(tr)
         assert isinstance(rest[-1], ev.ChatMessage) and rest[-1].text == c.response
-    # with the pinned seed the model calls a tool that succeeds (see the module docstring)
-    assert any(r.ok for r in tool_results), [c.response for c in calls]
     # each prompt carries exactly the acting agent's own earlier tool results, in order
     for c in calls:
         shown = [m["content"] for m in c.request if m["content"].startswith("TOOL RESULT ")]
@@ -161,7 +167,6 @@ def test_recorded_heist_journals_every_llm_call_with_its_provenance(recorded: Re
             for r in tool_results
             if r.agent == c.agent and r.step is not None and c.step is not None and r.step < c.step
         ], c.step
-    assert any("TOOL RESULT " in m["content"] for c in calls for m in c.request)
     assert check_requests(j, result.run_id).ok
 
 
@@ -215,7 +220,7 @@ def test_cli_heist_then_fidelity_against_the_server(
     proc = car(
         "--journal", db, "heist", "--policy", "openai", "--base-url", llama_base_url,
         "--model", "smollm2", "--rounds", "1", "--seed", "3", "--config", str(crew_file),
-        "--json",
+        "--timeout", str(CALL_TIMEOUT), "--json",
         cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -276,7 +281,7 @@ def test_fork_resample_at_last_step_runs_branches_against_the_server(recorded: R
         (call,) = [e for e in own if isinstance(e, ev.LlmCall)]
         assert call.step == last and call.request == parent_call.request
         assert call.seed == step_seed(opening.branch_seed, last)
-        assert call.model == "smollm2" and call.response.strip()
+        assert call.model == "smollm2"
         assert call.server == recorded.spec["base_url"]
         assert any(isinstance(e, ev.ChatMessage) and e.text == call.response for e in own)
         assert isinstance(own[-1], ev.RunEnded) and own[-1].status == "completed"
@@ -286,3 +291,27 @@ def test_fork_resample_at_last_step_runs_branches_against_the_server(recorded: R
         llm_calls(j, rid)[last].response for rid in ids
     ]
     assert j.verify().ok
+
+
+def test_forced_tool_call_reaches_the_agents_next_prompt(recorded: Recorded) -> None:
+    """do_action at step 0 with a tool call (forced, so it does not depend on what the model
+    says): the branch journals the call and its result, and step 2 - the same agent's next
+    turn, decided by the real server - carries that result in its request."""
+    j, parent = recorded.journal, recorded.result.run_id
+    forced = "Checking the numbers. [TOOL:calculator:6*7]"
+    report = fork_many(j, parent, parse_intervention("action", 0, forced), n=1)
+    (branch,) = report.branches
+    assert branch.status == "completed", branch
+    events = j.events(branch.run_id)
+    step0 = [e for e in events if e.step == 0 and not isinstance(e, ev.Intervention)]
+    assert [ev.kind_of(e) for e in step0] == ["llm_call", "tool_call", "tool_result",
+                                                "chat_message"]  # fmt: skip
+    call0, _, result0, message0 = step0
+    assert isinstance(call0, ev.LlmCall) and call0.response == forced
+    assert isinstance(result0, ev.ToolResult) and (result0.ok, result0.output) == (True, "42")
+    assert isinstance(message0, ev.ChatMessage) and message0.text == forced
+    (call2,) = [e for e in events if isinstance(e, ev.LlmCall) and e.step == 2]
+    assert call2.agent == AGENTS[0] and call2.model == "smollm2"
+    shown = [m["content"] for m in call2.request if m["content"].startswith("TOOL RESULT ")]
+    assert shown[0] == "TOOL RESULT calculator(6*7): 42", shown
+    assert j.verify(branch.run_id).ok

@@ -216,8 +216,8 @@ def test_cli_heist_against_unreachable_server_exits_non_zero_with_one_error_line
     ("misbehave", "message"),
     [
         (http_500, r"answered HTTP 500"),
-        (malformed_json, r"answered with malformed JSON: Expecting value"),
-        (no_choices, r"returned no choices"),
+        (malformed_json, r"answered with malformed JSON: Input data was truncated"),
+        (no_choices, r"malformed completion: Object missing required field `choices`"),
         (hang, r"timed out after 1s"),
     ],
     ids=["http-500", "malformed-json", "no-choices", "hangs"],

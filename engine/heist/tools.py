@@ -30,6 +30,7 @@ import sqlite3
 import stat
 import tempfile
 import threading
+import time
 import urllib.parse
 from pathlib import Path, PurePosixPath
 
@@ -55,6 +56,19 @@ MAX_OUTPUT_CHARS = 8000
 # (or succeeds) the same way on every machine and in every replay.
 _PROGRESS_EVERY = 1000
 MAX_QUERY_STEPS = 2000  # x _PROGRESS_EVERY instructions
+# A wall-clock backstop behind the instruction budget, checked by the same progress handler:
+# it catches what the budget counts as cheap (a slow disk, a loaded machine).
+MAX_QUERY_SECONDS = 2.0
+# What one VM instruction may cost is bounded by the size of its operands: LIKE/GLOB of a long
+# pattern, instr() or replace() over long strings run inside a single instruction, where no
+# progress handler can stop them. Short patterns and strings keep every instruction cheap.
+MAX_LIKE_PATTERN_CHARS = 100
+MAX_VALUE_BYTES = 20_000
+# Sorts, DISTINCT, GROUP BY and materialised subqueries use temporary storage; it is kept in
+# memory (never a temp file) and SQLite's heap is capped. The cap is process-wide (SQLite has
+# no per-connection heap limit, and the pragma can only lower it); it sits far above what the
+# journal's connections use (a few MiB of page cache each).
+HARD_HEAP_LIMIT_BYTES = 128 * 1024 * 1024
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PREFIX = "[TOOL:"
@@ -345,27 +359,11 @@ def _run_file_reader(folder: Path, param: str) -> ToolResult:
     reason = _unsafe_name(name)
     if reason is not None:
         return _fail("file_reader", param, reason)
-    # Refuse a symlink anywhere on the way, so the folder cannot be left through one.
-    current = folder
-    for part in PurePosixPath(name).parts:
-        current = current / part
-        try:
-            st = os.lstat(current)
-        except OSError:
-            return _fail(
-                "file_reader", param, f"no such file {name!r}; available: {_listing(folder)}"
-            )
-        if stat.S_ISLNK(st.st_mode):
-            return _fail("file_reader", param, f"{name!r} is a symbolic link; links are not read")
     try:
-        fd = os.open(current, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as e:
-        return _fail("file_reader", param, f"cannot open {name!r}: {e.strerror}")
+        fd = _open_inside(folder, PurePosixPath(name).parts)
+    except _Refused as e:
+        return _fail("file_reader", param, str(e).format(name=repr(name), listing=_listing(folder)))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return _fail(
-                "file_reader", param, f"{name!r} is not a file; available: {_listing(folder)}"
-            )
         with os.fdopen(fd, "rb", closefd=False) as fh:
             data = fh.read(MAX_FILE_CHARS * 4 + 1)
     except OSError as e:
@@ -378,8 +376,87 @@ def _run_file_reader(folder: Path, param: str) -> ToolResult:
     return _ok("file_reader", param, text)
 
 
+class _Refused(Exception):
+    """Why a path is not read; {name} and {listing} are filled in by the caller."""
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_inside(folder: Path, parts: tuple[str, ...]) -> int:
+    """An fd of the regular file folder/parts..., opened one component at a time relative to
+    its parent's fd, so nothing swapped in between a check and the open is followed:
+
+    * every component is opened with O_NOFOLLOW (a symlink, also a symlinked directory, fails
+      to open instead of being followed);
+    * the file is opened with O_NONBLOCK, so a FIFO or a device never blocks the open, and
+      fstat of the opened fd must say regular file with one link (a hard link planted in the
+      folder shares its inode with a file elsewhere)."""
+    if not parts:
+        raise _Refused("'.' is the folder itself, not a file")
+    flags_dir = os.O_RDONLY | _NOFOLLOW | _DIRECTORY | _CLOEXEC | _NONBLOCK
+    fd = os.open(folder, flags_dir)
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, flags_dir, dir_fd=fd)
+            except OSError as e:
+                raise _Refused(_why(fd, part, e, folder_part=True)) from None
+            os.close(fd)
+            fd = nxt
+        last = parts[-1]
+        try:
+            out = os.open(last, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=fd)
+        except OSError as e:
+            raise _Refused(_why(fd, last, e, folder_part=False)) from None
+    finally:
+        os.close(fd)
+    st = os.fstat(out)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(out)
+        kind = _kind(st.st_mode)
+        raise _Refused(f"{{name}} is {kind}, not a regular file; available: {{listing}}")
+    if st.st_nlink != 1:
+        os.close(out)
+        raise _Refused(
+            f"{{name}} has {st.st_nlink} hard links; a linked file is not read "
+            "(it may be a file from outside the heist folder)"
+        )
+    return out
+
+
+def _why(dir_fd: int, part: str, e: OSError, *, folder_part: bool) -> str:
+    try:
+        st = os.lstat(part, dir_fd=dir_fd)
+    except OSError:
+        return "no such file {name}; available: {listing}"
+    if stat.S_ISLNK(st.st_mode):
+        return "{name} is (or passes through) a symbolic link; links are not read"
+    if folder_part and not stat.S_ISDIR(st.st_mode):
+        return "no such file {name}; available: {listing}"
+    if not folder_part and not stat.S_ISREG(st.st_mode):  # a socket cannot be opened at all
+        return f"{{name}} is {_kind(st.st_mode)}, not a regular file; available: {{listing}}"
+    return f"cannot open {{name}}: {e.strerror}"
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
 def _listing(folder: Path) -> str:
-    return ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file()))
+    return ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink()))
 
 
 def _unsafe_name(name: str) -> str | None:
@@ -426,9 +503,14 @@ def _open_readonly(path: Path) -> sqlite3.Connection:
     uri = "file:" + urllib.parse.quote(str(path)) + "?mode=ro"
     conn = sqlite3.connect(uri, uri=True)
     conn.execute("PRAGMA query_only=ON")
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100_000)
+    conn.execute("PRAGMA temp_store=MEMORY")
+    conn.execute(f"PRAGMA hard_heap_limit={HARD_HEAP_LIMIT_BYTES}")
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_CHARS * 2)
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN_CHARS)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 50)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_EXPR_DEPTH, 100)
     conn.set_authorizer(_authorize)
     return conn
 
@@ -464,11 +546,12 @@ def _run_query(conn: sqlite3.Connection, param: str) -> ToolResult:
             "the security database is read-only",
         )
     steps = 0
+    deadline = time.monotonic() + MAX_QUERY_SECONDS
 
     def budget() -> int:
         nonlocal steps
         steps += 1
-        return 1 if steps > MAX_QUERY_STEPS else 0
+        return 1 if steps > MAX_QUERY_STEPS or time.monotonic() > deadline else 0
 
     conn.set_progress_handler(budget, _PROGRESS_EVERY)
     cur = conn.cursor()
@@ -482,7 +565,9 @@ def _run_query(conn: sqlite3.Connection, param: str) -> ToolResult:
         return _fail("database_query", param, f"query rejected: {e}")
     except sqlite3.Error as e:
         return _fail("database_query", param, _sql_reason(str(e)))
-    except (MemoryError, OverflowError, ValueError) as e:
+    except MemoryError:
+        return _fail("database_query", param, "query needed too much memory and was stopped")
+    except (OverflowError, ValueError) as e:
         return _fail("database_query", param, f"query rejected: {type(e).__name__}")
     finally:
         cur.close()
@@ -493,6 +578,12 @@ def _run_query(conn: sqlite3.Connection, param: str) -> ToolResult:
 def _sql_reason(message: str) -> str:
     if message == "interrupted":
         return "query ran too long and was stopped"
+    if "LIKE or GLOB pattern too complex" in message:
+        return f"LIKE/GLOB pattern longer than {MAX_LIKE_PATTERN_CHARS} characters"
+    if "string or blob too big" in message:
+        return f"a value grew past {MAX_VALUE_BYTES} bytes; the query was stopped"
+    if "out of memory" in message:
+        return "query needed too much memory and was stopped"
     if message.startswith("not authorized"):
         detail = message.removeprefix("not authorized").strip(": ")
         what = f" ({detail})" if detail else ""

@@ -11,6 +11,8 @@ from typing import Protocol
 
 import msgspec
 
+from engine.errors import PolicyError
+
 
 class ChatLine(msgspec.Struct, frozen=True):
     """One public chat message of the conversation so far."""
@@ -55,6 +57,11 @@ class Completion(msgspec.Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     system_fingerprint: str | None = None
+
+
+class PolicyCancelled(PolicyError):
+    """A policy call was aborted on request (Ctrl-C, a stop from the dashboard): the run is
+    stopped, not failed."""
 
 
 class Policy(Protocol):

@@ -1,22 +1,100 @@
 """The OpenAI-compatible policy: LM Studio, Ollama, llama.cpp server, vLLM or a hosted API.
 
 It passes the recorded per-step `seed`, so a local model with a fixed seed replays exactly; the
-server's fingerprint and the model name are journaled as the provenance of each action."""
+server's fingerprint and the model name are journaled as the provenance of each action.
+
+A server is untrusted input, so this module speaks HTTP itself (stdlib `http.client`) instead of
+through a client library, to hold three promises a library does not make (docs/decisions.md):
+
+* `timeout` is a deadline on the WHOLE call - connect, send, status line, headers, body and
+  every retry - enforced by a watchdog that shuts the socket down when it passes, so a server
+  trickling one byte a second cannot stretch it;
+* a reply is at most `max_reply_bytes` on the wire and after decompression (a gzip bomb is cut
+  off when its output passes the bound, not after it was inflated);
+* every field that reaches an event is type-checked and bounded by one msgspec Struct before
+  a `Completion` is built; anything else is a `PolicyError` quoting what was received.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
+import http.client
+import math
 import os
-from typing import Any
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+import zlib
+from typing import Annotated, Any
 
-from engine.errors import PolicyError
-from engine.policies.base import AgentView, Completion
+import msgspec
+
+from engine.errors import ConfigError, PolicyError
+from engine.policies.base import AgentView, Completion, PolicyCancelled
 
 DEFAULT_BASE_URL = "http://localhost:1234/v1"
+DEFAULT_MAX_REPLY_BYTES = 256 * 1024
+MAX_TIMEOUT_S = 24 * 3600.0
+MAX_RETRIES = 10
+MAX_TOKENS_LIMIT = 1_000_000
+MAX_REPLY_BYTES_LIMIT = 64 * 1024 * 1024
+MIN_REPLY_BYTES = 1024
+# Usage counts beyond this are not counts a server could have meant.
+MAX_USAGE_COUNT = 10**9
+_READ_CHUNK = 16 * 1024
+_RETRY_STATUSES = frozenset({408, 409, 429})
+_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
+
+Short = Annotated[str, msgspec.Meta(max_length=256)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_USAGE_COUNT)]
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Message
+    finish_reason: Short | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: Count = 0
+    completion_tokens: Count = 0
+
+
+class _Reply(msgspec.Struct):
+    """The part of a chat completion the journal keeps, with its bounds; extra fields are
+    ignored."""
+
+    choices: Annotated[list[_Choice], msgspec.Meta(min_length=1, max_length=64)]
+    model: Short | None = None
+    system_fingerprint: Short | None = None
+    usage: _Usage | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    error: Any = None
+    message: Any = None
+
+
+_reply_decoder = msgspec.json.Decoder(_Reply)
+_error_decoder = msgspec.json.Decoder(_ErrorBody)
+
+
+class _Fault(Exception):
+    """One failed attempt: the message, and whether another attempt may help."""
+
+    def __init__(self, message: str, *, retry: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry = retry
+        self.retry_after = retry_after
 
 
 class OpenAIPolicy:
-    """Chat completions through the `openai` client, with timeouts and bounded retries."""
+    """Chat completions over HTTP with a total deadline per call, bounded retries and replies."""
 
     name = "openai"
 
@@ -29,25 +107,36 @@ class OpenAIPolicy:
         max_tokens: int = 160,
         timeout: float = 60.0,
         max_retries: int = 2,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
-        import openai
-
         self.base_url = base_url
         self.model = model
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self._openai = openai
-        self._client = openai.OpenAI(
-            base_url=base_url,
-            api_key=os.environ.get("OPENAI_API_KEY") or "not-needed",
-            timeout=timeout,
-            max_retries=max_retries,
+        self.temperature = _bounded_float("temperature", temperature, 0.0, 2.0)
+        self.max_tokens = _bounded_int("max_tokens", max_tokens, 1, MAX_TOKENS_LIMIT)
+        self.timeout = _bounded_float("timeout", timeout, 0.001, MAX_TIMEOUT_S, low_open=True)
+        self.max_retries = _bounded_int("max_retries", max_retries, 0, MAX_RETRIES)
+        self.max_reply_bytes = _bounded_int(
+            "max_reply_bytes", max_reply_bytes, MIN_REPLY_BYTES, MAX_REPLY_BYTES_LIMIT
         )
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(
+                f"bad LLM server URL {base_url!r}: expected http://HOST[:PORT]/PATH or https://..."
+            )
+        try:
+            self._port = parts.port
+        except ValueError as e:
+            raise ConfigError(f"bad LLM server URL {base_url!r}: {e}") from e
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._path = parts.path.rstrip("/") + "/chat/completions"
+        self._api_key = os.environ.get("OPENAI_API_KEY") or "not-needed"
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._inflight: set[socket.socket] = set()
 
     def spec(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "base_url": self.base_url,
             "model": self.model,
@@ -56,62 +145,307 @@ class OpenAIPolicy:
             "timeout": self.timeout,
             "max_retries": self.max_retries,
         }
+        if self.max_reply_bytes != DEFAULT_MAX_REPLY_BYTES:
+            out["max_reply_bytes"] = self.max_reply_bytes
+        return out
+
+    def cancel(self) -> None:
+        """Abort the call in flight (and every later one): safe from a signal handler or another
+        thread. The aborted `decide` raises PolicyCancelled."""
+        self._cancelled.set()
+        with self._lock:
+            socks = list(self._inflight)
+        for s in socks:
+            _shutdown(s)
 
     def decide(self, view: AgentView, messages: list[dict[str, str]], seed: int) -> Completion:
-        oa = self._openai
-        try:
-            resp = self._client.chat.completions.create(
-                model=self.model,
-                messages=messages,  # type: ignore[arg-type]
-                seed=seed,
-                temperature=self.temperature,
-                max_tokens=self.max_tokens,
-            )
-        except oa.APITimeoutError as e:
-            raise PolicyError(
-                f"LLM server {self.base_url!r} timed out after {self.timeout:g}s "
-                f"({self.max_retries} retries)"
-            ) from e
-        except oa.APIConnectionError as e:
-            raise PolicyError(
-                f"LLM server {self.base_url!r} is unreachable: {e.__cause__ or e}"
-            ) from e
-        except oa.APIStatusError as e:
-            raise PolicyError(
-                f"LLM server {self.base_url!r} answered HTTP {e.status_code}: "
-                f"{_clip(str(e.message))}"
-            ) from e
-        except oa.OpenAIError as e:
-            raise PolicyError(f"LLM server {self.base_url!r} failed: {_clip(str(e))}") from e
-        except json.JSONDecodeError as e:  # a JSON content type whose body does not parse
-            raise PolicyError(
-                f"LLM server {self.base_url!r} answered with malformed JSON: {_clip(str(e))}"
-            ) from e
-        try:
-            return self._completion(resp)
-        except (AttributeError, TypeError, ValueError, IndexError) as e:
-            raise PolicyError(
-                f"LLM server {self.base_url!r} returned a malformed completion: {_clip(str(e))}"
-            ) from e
+        body = msgspec.json.encode(
+            {
+                "model": self.model,
+                "messages": messages,
+                "seed": seed,
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+                "stream": False,
+            }
+        )
+        deadline = time.monotonic() + self.timeout
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                status, raw = self._attempt(body, deadline)
+                return self._completion(status, raw)
+            except _Fault as fault:
+                last = fault
+            if self._cancelled.is_set():
+                raise PolicyCancelled(f"LLM call to {self.base_url!r} was cancelled")
+            if not last.retry or attempts > self.max_retries:
+                break
+            pause = last.retry_after
+            if pause is None:
+                pause = _BACKOFF_S[min(attempts - 1, len(_BACKOFF_S) - 1)]
+            if time.monotonic() + pause >= deadline:
+                break
+            if self._cancelled.wait(pause):
+                raise PolicyCancelled(f"LLM call to {self.base_url!r} was cancelled")
+        tries = f" (after {attempts} attempts)" if attempts > 1 else ""
+        raise PolicyError(f"LLM server {self.base_url!r} {last}{tries}")
 
-    def _completion(self, resp: Any) -> Completion:
-        choices = getattr(resp, "choices", None)
-        if not choices or choices[0].message is None:
-            raise PolicyError(f"LLM server {self.base_url!r} returned no choices")
-        text = choices[0].message.content
-        if not isinstance(text, str):
-            raise PolicyError(f"LLM server {self.base_url!r} returned no message text")
-        usage = getattr(resp, "usage", None)
+    # ------------------------------------------------------------------ one HTTP attempt
+
+    def _attempt(self, body: bytes, deadline: float) -> tuple[int, bytes]:
+        if self._cancelled.is_set():
+            raise PolicyCancelled(f"LLM call to {self.base_url!r} was cancelled")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Fault(f"timed out after {self.timeout:g}s", retry=False)
+        conn: http.client.HTTPConnection
+        if self._https:
+            conn = http.client.HTTPSConnection(
+                self._host, self._port, timeout=remaining, context=ssl.create_default_context()
+            )
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=remaining)
+        expired = threading.Event()
+        watchdog: threading.Timer | None = None
+        try:
+            try:
+                conn.connect()
+            except TimeoutError as e:
+                raise _Fault(f"timed out after {self.timeout:g}s", retry=False) from e
+            except OSError as e:
+                raise _Fault(f"is unreachable: {_clip(str(e))}", retry=True) from e
+            sock = conn.sock
+            assert sock is not None
+            with self._lock:
+                self._inflight.add(sock)
+            if self._cancelled.is_set():
+                _shutdown(sock)
+
+            def expire() -> None:
+                expired.set()
+                _shutdown(sock)
+
+            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                result = self._exchange(conn, body)
+            except _Fault:
+                if expired.is_set():
+                    raise _Fault(f"timed out after {self.timeout:g}s", retry=False) from None
+                raise
+            except (OSError, http.client.HTTPException) as e:
+                if expired.is_set() or isinstance(e, TimeoutError):
+                    raise _Fault(f"timed out after {self.timeout:g}s", retry=False) from e
+                if isinstance(e, OSError | http.client.IncompleteRead):
+                    raise _Fault(f"dropped the connection: {_describe(e)}", retry=True) from e
+                raise _Fault(f"sent a malformed HTTP response: {_describe(e)}", retry=False) from e
+            # a watchdog or a cancel that shut the socket reads as an early end of the body
+            if expired.is_set():
+                raise _Fault(f"timed out after {self.timeout:g}s", retry=False)
+            if self._cancelled.is_set():
+                raise PolicyCancelled(f"LLM call to {self.base_url!r} was cancelled")
+            return result
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            if conn.sock is not None:
+                with self._lock:
+                    self._inflight.discard(conn.sock)
+            conn.close()
+
+    def _exchange(self, conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:
+        conn.putrequest("POST", self._path, skip_accept_encoding=True)
+        for key, value in (
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json"),
+            ("Accept-Encoding", "gzip, deflate"),
+            ("Authorization", f"Bearer {self._api_key}"),
+            ("Content-Length", str(len(body))),
+        ):
+            conn.putheader(key, value)
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        limit = self.max_reply_bytes
+        length = resp.getheader("Content-Length")
+        if length is not None and length.strip().isdigit() and int(length) > limit:
+            raise _Fault(
+                f"sent a reply of {int(length)} bytes, more than the limit of {limit} "
+                "(max_reply_bytes)",
+                retry=False,
+            )
+        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+        inflater: Any = None
+        if encoding in ("gzip", "x-gzip"):
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            inflater = zlib.decompressobj()
+        elif encoding not in ("identity", ""):
+            raise _Fault(
+                f"sent a reply in an unsupported encoding {_clip(encoding)!r}", retry=False
+            )
+        out = bytearray()
+        wire = 0
+        while True:
+            chunk = resp.read(_READ_CHUNK)
+            if not chunk:
+                break
+            wire += len(chunk)
+            if wire > limit:
+                raise _Fault(_too_big(limit), retry=False)
+            if inflater is None:
+                out += chunk
+            else:
+                _inflate(inflater, chunk, out, limit)
+            if len(out) > limit:
+                raise _Fault(_too_big(limit), retry=False)
+        if resp.length:  # the connection closed before the declared Content-Length
+            raise http.client.IncompleteRead(bytes(out[:0]), resp.length)
+        if inflater is not None:
+            try:
+                out += inflater.flush(limit + 1 - len(out))
+            except zlib.error as e:
+                raise _Fault(f"sent a corrupt {encoding} body: {e}", retry=False) from e
+            if not inflater.eof and len(out) <= limit:
+                raise _Fault(f"sent a corrupt or truncated {encoding} body", retry=False)
+            if len(out) > limit:
+                raise _Fault(_too_big(limit), retry=False)
+        status = resp.status
+        retry_after = _retry_after(resp.getheader("Retry-After"))
+        if status != 200:
+            message = f"answered HTTP {status}: {_error_text(bytes(out))}"
+            retry = status in _RETRY_STATUSES or status >= 500
+            raise _Fault(message, retry=retry, retry_after=retry_after)
+        return status, bytes(out)
+
+    # ------------------------------------------------------------------ the reply
+
+    def _completion(self, status: int, raw: bytes) -> Completion:
+        try:
+            reply = _reply_decoder.decode(raw)
+        except msgspec.ValidationError as e:
+            raise _Fault(
+                f"returned a malformed completion: {e}{_received(raw)}", retry=False
+            ) from e
+        except msgspec.DecodeError as e:
+            raise _Fault(f"answered with malformed JSON: {e}{_received(raw)}", retry=False) from e
+        choice = reply.choices[0]
+        text = choice.message.content
+        if text is None:
+            raise _Fault(
+                f"returned no message text (`content` is null){_received(raw)}", retry=False
+            )
+        usage = reply.usage or _Usage()
         return Completion(
             text=text,
-            model=str(getattr(resp, "model", None) or self.model),
-            finish_reason=str(choices[0].finish_reason or "unknown"),
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            system_fingerprint=getattr(resp, "system_fingerprint", None),
+            model=reply.model or self.model,
+            finish_reason=choice.finish_reason or "unknown",
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            system_fingerprint=reply.system_fingerprint,
         )
 
 
+# ---------------------------------------------------------------------- helpers
+
+
+def _bounded_float(
+    name: str, value: Any, low: float, high: float, *, low_open: bool = False
+) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"openai {name} must be a number, got {value!r}") from e
+    if isinstance(value, bool) or not math.isfinite(v) or v > high or v < low:
+        lo = f"> {low:g}" if low_open else f">= {low:g}"
+        raise ConfigError(f"openai {name} must be {lo} and <= {high:g}, got {value!r}")
+    return v
+
+
+def _bounded_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"openai {name} must be an integer, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError as e:
+            raise ConfigError(f"openai {name} must be an integer, got {value!r}") from e
+    if not isinstance(value, int):
+        raise ConfigError(f"openai {name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(f"openai {name} must be between {low} and {high}, got {value!r}")
+    return value
+
+
+def _inflate(inflater: Any, chunk: bytes, out: bytearray, limit: int) -> None:
+    """Inflate `chunk` into `out`, never producing more than one byte past `limit`."""
+    data = chunk
+    try:
+        while data and len(out) <= limit:
+            out += inflater.decompress(data, limit + 1 - len(out))
+            data = inflater.unconsumed_tail
+    except zlib.error as e:
+        raise _Fault(f"sent a corrupt compressed body: {e}", retry=False) from e
+
+
+def _too_big(limit: int) -> str:
+    return f"sent a reply larger than the limit of {limit} bytes (max_reply_bytes)"
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed by the other side
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and 0 <= seconds <= MAX_TIMEOUT_S else None
+
+
+def _error_text(raw: bytes) -> str:
+    """The message of an error reply: `error.message` of an OpenAI-style body, else the body."""
+    try:
+        body = _error_decoder.decode(raw)
+    except msgspec.MsgspecError:
+        return _clip(raw.decode("utf-8", errors="replace")) or "(empty body)"
+    err = body.error
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return _clip(err["message"])
+    if isinstance(err, str):
+        return _clip(err)
+    if isinstance(body.message, str):
+        return _clip(body.message)
+    return _clip(raw.decode("utf-8", errors="replace"))
+
+
+def _received(raw: bytes) -> str:
+    head = raw[:120].decode("utf-8", errors="replace")
+    more = "…" if len(raw) > 120 else ""
+    return f" (received {len(raw)} bytes: {_escape(head)!r}{more})"
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return _clip(f"{type(e).__name__}: {text}" if type(e).__name__ not in text else text)
+
+
+def _escape(text: str) -> str:
+    """Control characters as visible escapes, so no reply reaches a terminal as control."""
+    return "".join(
+        ch if (ch.isprintable() or ch == " ") else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
+
+
 def _clip(text: str, n: int = 200) -> str:
-    text = " ".join(text.split())
+    text = _escape(" ".join(text.split()))
     return text if len(text) <= n else text[: n - 1] + "…"

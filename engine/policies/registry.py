@@ -29,6 +29,12 @@ class HonestPolicy:
             view = msgspec.structs.replace(view, mole_strategy=None)
         return self.inner.decide(view, messages, seed)
 
+    def cancel(self) -> None:
+        """Abort the inner policy's call in flight, when it can be aborted."""
+        cancel = getattr(self.inner, "cancel", None)
+        if callable(cancel):
+            cancel()
+
 
 def make_policy(spec: dict[str, Any]) -> Policy:
     """Build a policy from its spec dict; an unknown name fails listing the valid ones."""
@@ -39,19 +45,25 @@ def make_policy(spec: dict[str, Any]) -> Policy:
         try:
             drift = float(spec.get("drift", 0.0) or 0.0)
             sim = SimPolicy(drift=drift)
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             raise ConfigError(f"bad sim policy spec {spec!r}: {e}") from e
         return HonestPolicy(sim) if name == "sim-honest" else sim
     if name == "openai":
-        from engine.policies.openai_policy import DEFAULT_BASE_URL, OpenAIPolicy
+        from engine.policies.openai_policy import (
+            DEFAULT_BASE_URL,
+            DEFAULT_MAX_REPLY_BYTES,
+            OpenAIPolicy,
+        )
 
+        # OpenAIPolicy checks every value's type and range itself (ConfigError, one line)
         return OpenAIPolicy(
             base_url=str(spec.get("base_url") or DEFAULT_BASE_URL),
             model=str(spec.get("model") or "local-model"),
-            temperature=float(spec.get("temperature", 0.8)),
-            max_tokens=int(spec.get("max_tokens", 160)),
-            timeout=float(spec.get("timeout", 60.0)),
-            max_retries=int(spec.get("max_retries", 2)),
+            temperature=spec.get("temperature", 0.8),
+            max_tokens=spec.get("max_tokens", 160),
+            timeout=spec.get("timeout", 60.0),
+            max_retries=spec.get("max_retries", 2),
+            max_reply_bytes=spec.get("max_reply_bytes", DEFAULT_MAX_REPLY_BYTES),
         )
     raise ConfigError(f"unknown policy {name!r}; expected one of: {', '.join(POLICY_NAMES)}")
 

@@ -16,7 +16,7 @@ import structlog
 from engine import events as ev
 from engine.errors import PolicyError
 from engine.logging import get_logger
-from engine.policies.base import AgentView, ChatLine, Completion, Policy
+from engine.policies.base import AgentView, ChatLine, Completion, Policy, PolicyCancelled
 from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
 from engine.runtime.recorder import Recorder
@@ -91,55 +91,114 @@ def run_episode(
     a window); the outcome is scored on it."""
     ov = overrides or Overrides()
     clk = clock or SystemClock()
-    state = recorder.state
     full = list(transcript)
     structlog.contextvars.bind_contextvars(run_id=recorder.run_id)
     try:
-        while state.step < scenario.total_steps:
-            k = state.step
-            structlog.contextvars.bind_contextvars(step=k)
-            if control is not None and _handle_control(recorder, control) == "stop":
-                recorder.append([ev.RunEnded(status="stopped")])
-                log.info("run stopped by request")
-                return EpisodeResult(recorder.run_id, "stopped", k, {}, state=recorder.state)
-            active = policy
-            if ov.policy_from is not None and k >= ov.policy_from[0]:
-                active = ov.policy_from[1]
-            view = scenario.view(state, recorder.run_id)
-            messages = scenario.messages(view)
-            seed = seed_for_step(k)
-            forced = ov.forced_actions.get(k)
-            t0 = clk.monotonic()
-            if forced is not None:
-                completion = Completion(text=forced, model=FORCED_MODEL, finish_reason="forced")
-            else:
-                try:
-                    completion = active.decide(view, messages, seed)
-                except PolicyError as e:
-                    _fail_step(recorder, view, messages, seed, active, str(e), server)
-                    log.error("policy failed", error=str(e))
-                    return EpisodeResult(
-                        recorder.run_id, "failed", k, {}, error=str(e), state=recorder.state
-                    )
-            latency_ms = (clk.monotonic() - t0) * 1000.0
-            events = _step_events(
-                scenario, view, messages, seed, completion, latency_ms, ov, k, server
-            )
-            state = recorder.append(events)
-            full.append(ChatLine(step=k, agent=view.agent, text=completion.text))
-            log.debug("step recorded", agent=view.agent, events=len(events))
-            if on_step is not None:
-                on_step(k, view.agent, events)
-        outcome = scenario.outcome(full)
-        recorder.append([ev.RunEnded(status="completed", outcome=outcome)])
-        return EpisodeResult(
-            recorder.run_id, "completed", state.step, outcome, state=recorder.state
-        )
-    finally:
-        # whatever ends the loop (the last step, a stop, a failure, an exception), every whole
-        # step recorded so far reaches the journal
+        # the opening (RunStarted, an Intervention) is committed before the first model call,
+        # so a run that fails or is killed at its first step still shows what it was
         recorder.flush()
+        result = _loop(recorder, scenario, policy, seed_for_step, full, ov, control, clk,
+                       on_step, server)  # fmt: skip
+        # whatever ended the loop (the last step, a stop, a failure), every whole step
+        # recorded so far reaches the journal
+        recorder.flush()
+        return result
+    except BaseException as e:
+        _close_after(recorder, e)
+        raise
+    finally:
         structlog.contextvars.unbind_contextvars("run_id", "step")
+
+
+def _loop(
+    recorder: Recorder,
+    scenario: Scenario,
+    policy: Policy,
+    seed_for_step: Callable[[int], int],
+    full: list[ChatLine],
+    ov: Overrides,
+    control: ControlChannel | None,
+    clk: Clock,
+    on_step: StepCallback | None,
+    server: str | None,
+) -> EpisodeResult:
+    state = recorder.state
+    while state.step < scenario.total_steps:
+        k = state.step
+        structlog.contextvars.bind_contextvars(step=k)
+        if control is not None and _handle_control(recorder, control) == "stop":
+            return _stopped(recorder, k)
+        active = policy
+        if ov.policy_from is not None and k >= ov.policy_from[0]:
+            active = ov.policy_from[1]
+        view = scenario.view(state, recorder.run_id)
+        messages = scenario.messages(view)
+        seed = seed_for_step(k)
+        forced = ov.forced_actions.get(k)
+        t0 = clk.monotonic()
+        if forced is not None:
+            completion = Completion(text=forced, model=FORCED_MODEL, finish_reason="forced")
+        else:
+            try:
+                completion = active.decide(view, messages, seed)
+            except PolicyCancelled as e:
+                # an aborted call is no step: the run stops where the last whole step ended
+                if control is None or _handle_control(recorder, control) != "stop":
+                    recorder.append([ev.Control(action="stop", reason=str(e))])
+                return _stopped(recorder, k)
+            except PolicyError as e:
+                latency_ms = (clk.monotonic() - t0) * 1000.0
+                _fail_step(recorder, view, messages, seed, active, str(e), server, latency_ms)
+                log.error("policy failed", error=str(e))
+                return EpisodeResult(
+                    recorder.run_id, "failed", k, {}, error=str(e), state=recorder.state
+                )
+        latency_ms = (clk.monotonic() - t0) * 1000.0
+        events = _step_events(scenario, view, messages, seed, completion, latency_ms, ov, k, server)
+        state = recorder.append(events)
+        full.append(ChatLine(step=k, agent=view.agent, text=completion.text))
+        log.debug("step recorded", agent=view.agent, events=len(events))
+        if on_step is not None:
+            # a step is shown only once it is committed, so a kill never takes back what the
+            # user already saw
+            recorder.flush()
+            on_step(k, view.agent, events)
+    outcome = scenario.outcome(full)
+    recorder.append([ev.RunEnded(status="completed", outcome=outcome)])
+    return EpisodeResult(recorder.run_id, "completed", state.step, outcome, state=recorder.state)
+
+
+def _stopped(recorder: Recorder, k: int) -> EpisodeResult:
+    recorder.append([ev.RunEnded(status="stopped")])
+    log.info("run stopped by request")
+    return EpisodeResult(recorder.run_id, "stopped", k, {}, state=recorder.state)
+
+
+def _close_after(recorder: Recorder, exc: BaseException) -> None:
+    """Close the run after an unexpected exception (a bug, Ctrl-C at a bad moment, a journal
+    fault), so no run stays `recording` behind a process that gave up on it. The pending group
+    is kept if it commits; if it cannot (it may be what failed), only the closing is written."""
+    if recorder.state.status in ("completed", "stopped", "failed"):
+        try:  # the run was already closed; only its last group may still be pending
+            recorder.flush()
+        except Exception as e:
+            log.error("could not commit the closed run", error=str(e))
+        return
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        end = ev.RunEnded(status="stopped")
+    else:
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        end = ev.RunEnded(status="failed", error=f"internal error: {message}")
+    try:
+        recorder.append([end])
+        recorder.flush()
+        return
+    except Exception as e:  # the journal itself may be what failed; the original error wins
+        log.error("could not close the run with its pending steps", error=str(e))
+    try:
+        recorder.head = recorder.journal.append(recorder.run_id, [end], recorder.head)
+    except Exception as e:
+        log.error("could not close the run", error=str(e))
 
 
 def _step_events(
@@ -187,13 +246,14 @@ def _fail_step(
     policy: Policy,
     error: str,
     server: str | None,
+    latency_ms: float = 0.0,
 ) -> None:
     """Journal the request that failed and close the run as failed: nothing is lost."""
     model = str(getattr(policy, "model", policy.name))
     failed = Completion(text="", model=model, finish_reason="error")
     recorder.append(
         [
-            _llm_call(view, messages, seed, failed, 0.0, server),
+            _llm_call(view, messages, seed, failed, latency_ms, server),
             ev.RunEnded(status="failed", error=error),
         ]
     )
