@@ -459,6 +459,8 @@ def main() -> None:
     except KeyboardInterrupt as e:
         # no atexit hooks: they would wait for threads stuck in a network call
         hard_exit(getattr(e, "message", "interrupted"))
+    if rv == 130:  # the CLI framework's answer to a KeyboardInterrupt: say so
+        hard_exit("interrupted")
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

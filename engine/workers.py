@@ -17,19 +17,21 @@ Three promises, whatever moment the user presses Ctrl-C or kills the command:
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import ctypes
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from engine.errors import EngineError
 from engine.runtime.control import ControlChannel
 
 #: Seconds a wind-down may take before the process ends without waiting any longer.
@@ -135,7 +137,8 @@ def _watch_parent(parent: int) -> None:
             return
 
 
-def _init_worker(parent: int, setup: Callable[[], None] | None) -> None:
+def _worker_main(parent: int, conn: Connection, setup: Callable[[], None] | None) -> None:
+    """A worker: run (fn, item) messages until the pipe closes; SIGINT is the parent's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _worker_on_term)
     _set_parent_death_signal()
@@ -145,75 +148,112 @@ def _init_worker(parent: int, setup: Callable[[], None] | None) -> None:
     STOP.clear()
     if setup is not None:
         setup()
-
-
-def _run_marked(fn: Callable[[_T], _R], item: _T) -> _R:
-    _busy.set()
-    try:
-        return fn(item)
-    finally:
-        _busy.clear()
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)  # the parent is gone or done with us
+        if msg is None:
+            os._exit(0)
+        fn, item = msg
+        _busy.set()
+        try:
+            reply: tuple[bool, Any] = (True, fn(item))
+        except Exception as e:  # handed to the parent, which raises it
+            reply = (False, e)
+        finally:
+            _busy.clear()
         if STOP.is_set():  # the branch closed itself as stopped; nothing more to do here
             os._exit(143)
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            os._exit(0)
 
 
 class WorkerPool:
     """Processes that live for one command (created once, reused by every batch) and die
-    with it. Forked, so they inherit what the parent prepared (e.g. the branch bases)."""
+    with it. Forked, so they inherit what the parent prepared (e.g. the branch bases); each
+    has its own pipe, and the parent hands out one item at a time to whichever is idle."""
 
     def __init__(self, workers: int, setup: Callable[[], None] | None = None) -> None:
-        self.workers = workers
         ctx = mp.get_context("fork")
-        self._pool = cf.ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=ctx,
-            initializer=_init_worker,
-            initargs=(os.getpid(), setup),
-        )
-        # start every worker now, from this (the main) thread: the pool would otherwise start
-        # them at the first submit, possibly later from another thread
-        list(self._pool.map(_noop, range(workers)))
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        for _ in range(workers):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(os.getpid(), theirs, setup))
+            proc.start()
+            theirs.close()
+            self._procs.append(proc)
+            self._conns.append(mine)
 
     def pids(self) -> list[int]:
-        procs: dict[int, Any] = getattr(self._pool, "_processes", None) or {}
-        return [p.pid for p in procs.values() if p.pid is not None]
+        return [p.pid for p in self._procs if p.pid is not None]
 
     def run(
         self, fn: Callable[[_T], _R], items: Iterable[_T], on_done: Callable[[int, _R], None]
     ) -> None:
         """Run fn over items; on_done(index, result) as each finishes. On a stop request the
         workers are told to stop their branches and Interrupted is raised."""
-        futures = {self._pool.submit(_run_marked, fn, item): i for i, item in enumerate(items)}
-        pending = set(futures)
-        while pending:
-            done, pending = cf.wait(pending, timeout=POLL, return_when=cf.FIRST_COMPLETED)
-            for fut in done:
-                on_done(futures[fut], fut.result())
+        todo = list(enumerate(items))
+        todo.reverse()
+        busy: dict[Connection, int] = {}
+        idle = list(self._conns)
+        while todo or busy:
+            while todo and idle:
+                conn = idle.pop()
+                index, item = todo.pop()
+                conn.send((fn, item))
+                busy[conn] = index
+            ready = mp_connection.wait(list(busy), timeout=POLL)
+            for ready_conn in ready:
+                conn = cast(Connection, ready_conn)
+                index = busy.pop(conn)
+                try:
+                    ok, value = conn.recv()
+                except (EOFError, OSError) as e:
+                    if STOP.is_set():
+                        break
+                    raise EngineError("a worker process died while running a branch") from e
+                idle.append(conn)
+                if not ok:
+                    raise value
+                on_done(index, value)
             if STOP.is_set():
-                for fut in pending:
-                    fut.cancel()
                 self.stop()
                 raise Interrupted()
 
     def stop(self) -> None:
         """Ask every worker to stop (SIGTERM), wait up to GRACE, then kill what is left."""
-        pids = self.pids()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        for p in self._procs:
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE + 0.2
-        procs = list((getattr(self._pool, "_processes", None) or {}).values())
-        for p in procs:
+        for p in self._procs:
             p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
+        for p in self._procs:
             if p.is_alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGKILL)
                 p.join(1.0)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._close_pipes()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Let the workers finish: each leaves when its pipe says so."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for p in self._procs:
+            p.join(GRACE)
+        self.stop()
+
+    def _close_pipes(self) -> None:
+        for conn in self._conns:
+            conn.close()
+        self._conns = []
+        self._procs = []
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -223,7 +263,3 @@ class WorkerPool:
             self.close()
         else:
             self.stop()
-
-
-def _noop(_: int) -> None:
-    return None

@@ -8,9 +8,11 @@ as stopped and exits 130 (engine/workers.py).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
@@ -54,6 +56,26 @@ AllStepsOpt = Annotated[
         help="Estimate every step, not only the scan from the end down to the locus.",
     ),
 ]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def stoppable(fn: _F) -> _F:
+    """Ctrl-C inside the command: its one line ("interrupted: ...") and exit 130, at once.
+
+    Caught here because the CLI framework turns a KeyboardInterrupt into a silent exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from engine.workers import hard_exit
+
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt as e:
+            hard_exit(getattr(e, "message", "interrupted"))
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
@@ -161,6 +183,7 @@ def _clip(text: str, n: int) -> str:
 # ----------------------------------------------------------------- commands
 
 
+@stoppable
 def fidelity_cmd(
     run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
     base_url: BaseUrlOpt = None,
@@ -217,6 +240,7 @@ def fidelity_cmd(
         out.print(f"... {len(report.divergences) - 20} more divergences (--json for all)")
 
 
+@stoppable
 def fork_cmd(
     run_id: Annotated[str, typer.Argument(help="Run id or unique prefix of the parent.")],
     at: Annotated[int, typer.Option("--at", "-k", help="Step k to intervene on.")],
@@ -297,6 +321,7 @@ def fork_cmd(
         fail(f"every branch failed ({len(failed)} of {len(failed)}): {failed[0].error}")
 
 
+@stoppable
 def validate_cmd(
     files: Annotated[
         list[Path] | None, typer.Argument(help="SCM model files (YAML) to add to the built-ins.")
@@ -409,6 +434,7 @@ def _print_validation(d: dict[str, Any]) -> None:
     )
 
 
+@stoppable
 def attribute_cmd(
     run_id: Annotated[str, typer.Argument(help="A completed, failed heist (id or prefix).")],
     method: Annotated[str, typer.Option("--method", help="contrastive | shapley")] = "contrastive",
