@@ -508,7 +508,7 @@ def run_branch(
             prefix,
             overrides=overrides,
             control=StopChannel(),
-            server=spec.get("base_url"),
+            server=(iv.policy if isinstance(iv, DoPolicy) else spec).get("base_url"),
         )
     finally:
         _open.pop(child, None)
