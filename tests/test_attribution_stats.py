@@ -43,7 +43,9 @@ def _coverage_failures(
     missed: dict[int, list[int]] = {k: [] for k in range(model.n_steps)}
     checked = dict.fromkeys(range(model.n_steps), 0)
     for seed in seeds:
-        result = contrastive(model, rng=np.random.default_rng(seed), mode=mode, k=100)
+        result = contrastive(
+            model, rng=np.random.default_rng(seed), mode=mode, k=100, all_steps=True
+        )
         for s in result.steps:
             checked[s.step] += 1
             if not covers(s.ci, exact[s.step]):

@@ -377,7 +377,7 @@ def validate_cmd(
     else:
         for r in reports:
             _print_validation(r.to_dict())
-        out.print(f"\n{rule.describe()} (seed {seed})", highlight=False)
+        out.print(f"\n{rule.describe()} (seed {seed})", highlight=False, soft_wrap=True)
     missed = [r.scm for r in reports if not r.ok]
     if missed:
         fail(
