@@ -1,5 +1,6 @@
 """`car`: the command line of Causal Agent Replay. It parses and prints; the engine decides."""
 
+# ruff: noqa: E402  (the SIGINT handler below must be installed before the slow imports)
 from __future__ import annotations
 
 import os
@@ -16,25 +17,24 @@ def _interrupted_while_starting(*_: object) -> None:
 
 signal.signal(signal.SIGINT, _interrupted_while_starting)
 
-from pathlib import Path  # noqa: E402
-from typing import Annotated, Any  # noqa: E402
+from pathlib import Path
+from typing import Annotated, Any
 
-import typer  # noqa: E402
-from rich.table import Table  # noqa: E402
-from rich.tree import Tree  # noqa: E402
+import typer
+from rich.table import Table
+from rich.tree import Tree
 
-from engine import projections as views  # noqa: E402
-from engine.commands.common import (  # noqa: E402
+from engine import projections as views
+from engine.commands.common import (
     JsonOpt,
     emit_json,
-    err,
     fail,
     journal_target,
     open_journal,
     options,
     out,
 )
-from engine.errors import EngineError  # noqa: E402
+from engine.errors import EngineError
 
 # imported: from here on Ctrl-C is a KeyboardInterrupt that main() turns into one line
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -117,7 +117,9 @@ def db_upgrade() -> None:
 @app.command("runs")
 def runs_cmd(
     all_: Annotated[bool, typer.Option("--all", "-a", help="Include forked branches.")] = False,
-    limit: Annotated[int, typer.Option("-n", help="Show at most N root runs (newest).")] = 20,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, help="Show at most N root runs (newest).")
+    ] = 20,
     as_json: JsonOpt = False,
 ) -> None:
     """List recorded runs (newest last); branches are shown under their parents with --all."""
@@ -494,401 +496,14 @@ def heist_cmd(
         raise SystemExit(130)
 
 
-@app.command("accuse")
-def accuse_cmd(
-    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
-    agent: Annotated[str | None, typer.Argument(help="Your suspect (omit to give up).")] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Name the mole: SUCCESS (right), FAILURE (wrong agent), BUSTED (nobody named)."""
-    from engine.heist.session import accuse_run
+# each command group registers itself; cli.py stays the assembly
+from engine.commands import counterfactual
+from engine.commands import detect as _detect_commands
+from engine.commands import serve as _serve
+from engine.commands import traces as _traces
 
-    with open_journal(create=False) as j:
-        result = accuse_run(j, run_id, agent)
-    if as_json:
-        emit_json(
-            {
-                "run_id": result.run_id,
-                "suspect": result.suspect,
-                "verdict": result.verdict,
-                "mole": result.mole,
-                "strategy": result.strategy,
-            }
-        )
-        return
-    out.print(f"[bold]{result.verdict}[/]", highlight=False)
-    out.print(f"the mole was {result.mole} (strategy {result.strategy})", highlight=False)
-
-
-# ----------------------------------------------------------------- replay / fork
-
-
-def _progress() -> Any:
-    """A progress bar on stderr, shown only when stderr is a terminal (never mixed into --json)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
-
-
-def _ensure_rerunnable(j: Any, run_id: str) -> None:
-    from engine.otel.importer import ensure_rerunnable
-
-    ensure_rerunnable(j, run_id)
-
-
-def _policy_override(
-    base_url: str | None, model: str | None, drift: float | None
-) -> dict[str, Any] | None:
-    override: dict[str, Any] = {}
-    if base_url:
-        override["base_url"] = base_url
-    if model:
-        override["model"] = model
-    if drift is not None:
-        if not 0.0 <= drift <= 1.0:
-            raise typer.BadParameter(f"--drift must be within [0, 1], got {drift}")
-        override["drift"] = drift
-    return override or None
-
-
-@app.command("fidelity")
-def fidelity_cmd(
-    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
-    base_url: Annotated[
-        str | None, typer.Option("--base-url", help="Replay against this server instead.")
-    ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Replay with this model.")] = None,
-    drift: Annotated[
-        float | None,
-        typer.Option("--drift", help="sim only: probability of ignoring the seed (test knob)."),
-    ] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 1,
-    as_json: JsonOpt = False,
-) -> None:
-    """Re-execute every step with its recorded seed and context: the action-match rate."""
-    from engine.replay import fidelity
-
-    with open_journal(create=False) as j, _progress() as bar:
-        _ensure_rerunnable(j, run_id)
-        task = bar.add_task("re-executing steps", total=None)
-        report = fidelity(
-            j,
-            run_id,
-            policy_override=_policy_override(base_url, model, drift),
-            concurrency=concurrency,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
-    data = report.to_dict()
-    if as_json:
-        emit_json(data)
-        return
-    rate = report.action_match_rate
-    exact = report.exact_match_rate
-    out.print(
-        f"[bold]fidelity of run {report.run_id}[/] (policy {report.policy.get('name')}): "
-        f"action-match rate [bold]{_pct(rate)}[/] (exact {_pct(exact)}) over "
-        f"{report.steps - report.skipped} re-executed steps"
-        + (f", {report.skipped} forced/failed skipped" if report.skipped else ""),
-        highlight=False,
-    )
-    table = Table(box=None, header_style="bold")
-    for col in ("agent", "steps", "exact", "normalised"):
-        table.add_column(col)
-    for agent, a in report.per_agent.items():
-        table.add_row(
-            agent, str(a["steps"]), _pct(a["exact_match_rate"]), _pct(a["action_match_rate"])
-        )
-    out.print(table)
-    for d in report.divergences[:20]:
-        out.print(
-            f"[yellow]step {d['step']} ({d['agent']})[/]: {d['provenance']['explanation']}",
-            highlight=False,
-        )
-        out.print(f"    {d['diff']}", highlight=False, markup=False)
-    if len(report.divergences) > 20:
-        out.print(f"... {len(report.divergences) - 20} more divergences (--json for all)")
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-@app.command("fork")
-def fork_cmd(
-    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix of the parent.")],
-    at: Annotated[int, typer.Option("--at", "-k", help="Step k to intervene on.")],
-    do: Annotated[
-        str,
-        typer.Option("--do", help="resample | action | observation | context | policy"),
-    ],
-    value: Annotated[
-        str | None,
-        typer.Option(
-            "--value",
-            help="action: the message; observation: the tool result; context: a message to add,"
-            ' or {"step": j, "text": t} to replace step j; policy: sim | sim-honest | openai.',
-        ),
-    ] = None,
-    value_file: Annotated[
-        Path | None, typer.Option("--value-file", help="Read --value from a file.")
-    ] = None,
-    n: Annotated[int, typer.Option("-n", min=1, help="Number of branches.")] = 20,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the branches' randomness.")] = 0,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Branches run at once.")
-    ] = 1,
-    base_url: Annotated[
-        str | None, typer.Option("--base-url", help="Run branches against this server.")
-    ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model for the branches.")] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Fork N branches at step k with one do() intervention; the outcome distribution."""
-    from engine.interventions import fork_many, parse_intervention
-
-    if value_file is not None:
-        if value is not None:
-            raise typer.BadParameter("give --value or --value-file, not both")
-        try:
-            value = value_file.read_text(encoding="utf-8")
-        except OSError as e:
-            fail(f"cannot read --value-file {str(value_file)!r}: {e.strerror}")
-    iv = parse_intervention(do, at, value)
-    with open_journal(create=False) as j, _progress() as bar:
-        _ensure_rerunnable(j, run_id)
-        task = bar.add_task(f"branches do_{do}@{at}", total=n)
-        report = fork_many(
-            j,
-            run_id,
-            iv,
-            n,
-            seed=seed,
-            concurrency=concurrency,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-            policy_override=_policy_override(base_url, model, None),
-        )
-    data = report.to_dict()
-    if as_json:
-        emit_json(data)
-        return
-    out.print(
-        f"[bold]do_{report.op}({report.at})[/] on run {report.parent} "
-        f"(factual outcome: {'bad' if report.factual_bad else 'ok'})",
-        highlight=False,
-    )
-    if report.bad_rate is not None and report.ci is not None:
-        out.print(
-            f"bad rate [bold]{report.bad_rate:.3f}[/] ({report.bad}/{report.scored} branches), "
-            f"95% CI [{report.ci[0]:.3f}, {report.ci[1]:.3f}] (Wilson)",
-            highlight=False,
-        )
-    failed = [b for b in report.branches if b.bad is None]
-    if failed:
-        out.print(f"[red]{len(failed)} branches failed[/]: {failed[0].error}", highlight=False)
-    out.print("branches: " + " ".join(b.run_id for b in report.branches if b.run_id))
-
-
-# ----------------------------------------------------------------- attribution
-
-
-def _fmt_ci(ci: list[float] | tuple[float, float]) -> str:
-    return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
-
-
-@app.command("validate")
-def validate_cmd(
-    files: Annotated[
-        list[Path] | None, typer.Argument(help="SCM model files (YAML) to add to the built-ins.")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the estimators.")] = 0,
-    k: Annotated[
-        int | None,
-        typer.Option("-k", min=1, help="Fixed K runs per step (the paper); default adaptive."),
-    ] = None,
-    budget: Annotated[
-        int, typer.Option("--budget", min=1, help="Shapley forward-run budget per model.")
-    ] = 4000,
-    players: Annotated[str, typer.Option("--players", help="steps | agents")] = "steps",
-    no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Only the given files.")] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Run both estimators on synthetic causal models and compare with exact ground truth."""
-    from engine.attribution.scm import builtin_models, load_scm
-    from engine.attribution.validate import validate
-
-    models = [] if no_builtin else builtin_models()
-    models += [load_scm(f) for f in files or []]
-    if not models:
-        fail("no models to validate (give model files or drop --no-builtin)")
-    with _progress() as bar:
-        task = bar.add_task("forward runs", total=None)
-        reports = validate(
-            models,
-            seed,
-            k,
-            budget,
-            players=players,
-            progress=lambda done, _total: bar.update(task, completed=done),
-        )
-    if as_json:
-        emit_json([r.to_dict() for r in reports])
-    else:
-        for r in reports:
-            _print_validation(r.to_dict())
-    missed = [r.scm for r in reports if not r.ok]
-    if missed:
-        fail(
-            f"estimates missed the exact ground truth on: {', '.join(missed)} (each 95% interval "
-            "misses its exact value 5% of the time by chance; a miss that persists across "
-            "--seed values is real)"
-        )
-
-
-def _print_validation(d: dict[str, Any]) -> None:
-    status = "[green]ok[/]" if d["ok"] else "[red]MISSED[/]"
-    out.print(f"\n[bold]{d['scm']}[/] {status}: {d['description']}", highlight=False)
-    loc = d["locus"]
-    out.print(
-        f"  locus: estimated {loc['estimated_label']} vs exact {loc['exact_label']} "
-        f"({'right' if loc['ok'] else 'WRONG'}); {d['forward_runs']} forward runs "
-        f"({d['mode']} contrastive {d['contrastive_runs']}, shapley {d['shapley_runs']}"
-        + (", partial" if d["partial"] else "")
-        + ")",
-        highlight=False,
-    )
-    t = Table(box=None, header_style="bold")
-    for col in ("step", "effect", "95% CI", "n", "exact"):
-        t.add_column(col)
-    for c in d["contrastive"]:
-        t.add_row(
-            c["label"], f"{c['effect']:+.3f}", _fmt_ci(c["ci"]), str(c["n"]), f"{c['exact']:+.3f}"
-        )
-    out.print(t)
-    t = Table(box=None, header_style="bold")
-    for col in ("player", "phi", "95% CI", "exact", "covered"):
-        t.add_column(col)
-    for c in d["shapley"]:
-        t.add_row(
-            c["player"],
-            f"{c['phi']:.3f}",
-            _fmt_ci(c["ci"]),
-            f"{c['exact']:.3f}",
-            "yes" if c["covered"] else "[red]NO[/]",
-        )
-    out.print(t)
-    e = d["efficiency"]
-    out.print(
-        f"  efficiency: sum phi {e['estimated']:.3f} vs exact v(all)-v(none) {e['exact']:.3f} "
-        f"(estimated from runs {e['forward_runs_estimate']:.3f})",
-        highlight=False,
-    )
-
-
-@app.command("attribute")
-def attribute_cmd(
-    run_id: Annotated[str, typer.Argument(help="A completed, failed heist (id or prefix).")],
-    method: Annotated[str, typer.Option("--method", help="contrastive | shapley")] = "contrastive",
-    players: Annotated[str, typer.Option("--players", help="shapley: steps | agents")] = "steps",
-    k: Annotated[
-        int | None,
-        typer.Option("-k", min=1, help="contrastive: fixed K runs per step (default adaptive)."),
-    ] = None,
-    budget: Annotated[
-        int, typer.Option("--budget", min=1, help="shapley: forward-run budget.")
-    ] = 2000,
-    half_width: Annotated[
-        float, typer.Option("--half-width", help="contrastive adaptive: target CI half-width.")
-    ] = 0.1,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the forward runs.")] = 0,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 1,
-    top: Annotated[int, typer.Option("--top", help="Rows of the ranked table.")] = 12,
-    as_json: JsonOpt = False,
-) -> None:
-    """Which step (or agent) caused the failure: counterfactual forward runs, ranked."""
-    from engine.attribution.heist_report import attribute_run
-
-    with open_journal(create=False) as j, _progress() as bar:
-        _ensure_rerunnable(j, run_id)
-        task = bar.add_task(f"{method} forward runs", total=None)
-        data = attribute_run(
-            j,
-            run_id,
-            method=method,
-            players=players,
-            k=k,
-            budget=budget,
-            seed=seed,
-            concurrency=concurrency,
-            half_width=half_width,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
-    if as_json:
-        emit_json(data)
-        return
-    t = Table(box=None, header_style="bold")
-    if method == "contrastive":
-        for col, width in (("step", 4), ("agent", 11), ("effect", 6), ("95% CI", 16), ("n", 4)):
-            t.add_column(col, no_wrap=True, min_width=width)
-        t.add_column("message", no_wrap=True, overflow="ellipsis", max_width=44)
-        for r in data["ranked"][:top]:
-            mark = " *" if r["step"] == data["locus"] else ""
-            t.add_row(
-                f"{r['step']}{mark}",
-                r["agent"] or "",
-                f"{r['effect']:+.3f}",
-                _fmt_ci(r["ci"]),
-                str(r["n"]),
-                views._clip(r["message"], 70),
-            )
-        out.print(t)
-        if data["locus"] is None:
-            out.print("causal locus: [bold]none[/] (no step's interval excludes zero)")
-        else:
-            out.print(
-                f"causal locus (point of commitment): [bold]step {data['locus']}[/] "
-                f"({data['locus_agent']}): {views._clip(data['locus_message'], 100)}",
-                highlight=False,
-            )
-    else:
-        for col, width in (("player", 14), ("agent", 11), ("phi", 6), ("95% CI", 16)):
-            t.add_column(col, no_wrap=True, min_width=width)
-        t.add_column("message", no_wrap=True, overflow="ellipsis", max_width=40)
-        for r in data["ranked"][:top]:
-            t.add_row(
-                r["player"],
-                r["agent"] or "",
-                f"{r['phi']:+.3f}",
-                _fmt_ci(r["ci"]),
-                views._clip(r["message"] or "", 60),
-            )
-        out.print(t)
-        e = data["efficiency"]
-        out.print(
-            f"efficiency: sum phi {e['sum_phi']:.3f} vs v(all)-v(none) {e['difference']:.3f} "
-            f"{_fmt_ci(e['difference_ci'])}; {data['permutations']} permutations"
-            + (" [yellow](partial: budget reached)[/]" if data["partial"] else ""),
-            highlight=False,
-        )
-    out.print(f"forward runs spent: {data['forward_runs']}", highlight=False)
-
-
-from engine.commands import detect as _detect_commands  # noqa: E402
-from engine.commands import traces as _traces  # noqa: E402
-
-_detect_commands.register(app)
-_traces.register(app)
-
-from engine.commands import serve as _serve  # noqa: E402
-
-_serve.register(app)
+for _group in (counterfactual, _detect_commands, _traces, _serve):
+    _group.register(app)
 
 
 def main() -> None:
@@ -897,6 +512,8 @@ def main() -> None:
         from typer._click import exceptions as click_exc
     except ImportError:  # pragma: no cover
         from click import exceptions as click_exc  # type: ignore[no-redef]
+
+    from engine.workers import hard_exit
 
     try:
         rv = app(standalone_mode=False)
@@ -910,13 +527,14 @@ def main() -> None:
     except click_exc.ClickException as e:
         fail(e.format_message())
     except typer.Abort:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        hard_exit("interrupted")
     except EngineError as e:
         fail(str(e))
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        # no atexit hooks: they would wait for threads stuck in a network call
+        hard_exit(getattr(e, "message", "interrupted"))
+    if rv == 130:  # the CLI framework's answer to a KeyboardInterrupt: say so
+        hard_exit("interrupted")
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

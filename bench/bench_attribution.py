@@ -146,7 +146,14 @@ def main() -> None:
         pair: dict[bool, list[float]] = {True: [], False: []}
         for s in range(200):
             for crn in (True, False):
-                r = contrastive(model, rng=np.random.default_rng(s), mode="fixed", k=100, crn=crn)
+                r = contrastive(
+                    model,
+                    rng=np.random.default_rng(s),
+                    mode="fixed",
+                    k=100,
+                    crn=crn,
+                    all_steps=True,
+                )
                 single[crn].append(r.steps[locus].effect)
                 if locus > 0:
                     pair[crn].append(r.steps[locus - 1].effect - r.steps[locus].effect)

@@ -7,10 +7,10 @@ branch's seed, tools run against the same recorded world, and the same rule scor
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import hashlib
 import json
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -20,7 +20,13 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
-from engine.errors import ConfigError, EngineError, InterventionError, PolicyError
+from engine.errors import (
+    ConcurrencyError,
+    ConfigError,
+    EngineError,
+    InterventionError,
+    PolicyError,
+)
 from engine.heist.session import HeistScenario
 from engine.journal import Journal
 from engine.policies.base import ChatLine, Policy
@@ -28,8 +34,9 @@ from engine.policies.registry import POLICY_NAMES, make_policy
 from engine.policies.sim import step_seed
 from engine.projections import conversation
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
-from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
-from engine.state import State, edit_transcript, state_at_seq, step_seq
+from engine.runtime.recorder import Recorder
+from engine.state import State, apply, edit_transcript, state_at_seq, step_seq
+from engine.workers import GRACE, STOP, Interrupted, StopChannel, WorkerPool, check
 
 
 class DoResample(msgspec.Struct, frozen=True, tag="resample"):
@@ -89,6 +96,12 @@ def iv_value(iv: Intervention) -> Any:
             return None
 
 
+#: The longest --value a branch may carry (a do_action message, an observation, an edit).
+MAX_VALUE_BYTES = 1 << 20
+#: How deeply a do_context JSON value may nest (it is one flat object).
+MAX_JSON_DEPTH = 4
+
+
 def parse_intervention(op: str, k: int, value: str | None) -> Intervention:
     """Build an intervention from CLI-style text; errors name the op and what it needs."""
     if op not in OPS:
@@ -99,37 +112,157 @@ def parse_intervention(op: str, k: int, value: str | None) -> Intervention:
         return DoResample(k)
     if value is None or value == "":
         raise InterventionError(f"do_{op} needs --value or --value-file")
+    check_value_text(value, f"do_{op} value")
     if op == "action":
         return DoAction(k, value)
     if op == "observation":
         return DoObservation(k, value)
     if op == "context":
-        text = value.strip()
-        if text.startswith("{"):
-            try:
-                edit = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise InterventionError(f"do_context value is not valid JSON: {e}") from e
-            if not isinstance(edit, dict) or not isinstance(edit.get("text"), str):
-                raise InterventionError(
-                    'do_context JSON must look like {"step": 3, "text": "..."} or {"text": "..."}'
-                )
-            if "step" in edit and not isinstance(edit["step"], int):
-                raise InterventionError(
-                    f"do_context 'step' must be an integer, got {edit['step']!r}"
-                )
-            return DoContext(k, edit)
-        return DoContext(k, {"text": value})
+        return DoContext(k, parse_context_edit(value))
+    return DoPolicy(k, parse_policy_spec(value))
+
+
+def check_value_text(value: str, what: str) -> None:
+    """A value is text: bounded in size and free of NUL bytes (a binary file is refused)."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_VALUE_BYTES:
+        raise InterventionError(f"{what} is {size} bytes; the limit is {MAX_VALUE_BYTES}")
+    if "\x00" in value:
+        raise InterventionError(f"{what} contains NUL bytes: it must be text, not binary data")
+
+
+def _json_depth_ok(text: str, limit: int) -> bool:
+    """Whether brackets outside strings nest at most `limit` deep (checked before json.loads,
+    whose recursion a hostile value could exhaust)."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def parse_context_edit(value: str) -> dict[str, Any]:
+    """{"step": j, "text": t} (replace step j's message), {"text": t}, or plain text to add."""
+    text = value.strip()
+    if not text.startswith("{"):
+        return {"text": value}
+    shape = 'do_context JSON must look like {"step": 3, "text": "..."} or {"text": "..."}'
+    if not _json_depth_ok(text, MAX_JSON_DEPTH):
+        raise InterventionError(f"do_context JSON nests too deeply; {shape}")
+    try:
+        edit = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise InterventionError(f"do_context value is not valid JSON: {e}") from e
+    if not isinstance(edit, dict) or not isinstance(edit.get("text"), str):
+        raise InterventionError(shape)
+    extra = sorted(set(edit) - {"step", "text"})
+    if extra:
+        raise InterventionError(f"do_context JSON has unknown keys {extra}; {shape}")
+    if "step" in edit and (not isinstance(edit["step"], int) or isinstance(edit["step"], bool)):
+        raise InterventionError(f"do_context 'step' must be an integer, got {edit['step']!r}")
+    return edit
+
+
+def _finite(key: str, lo: float, hi: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            x = float(raw)
+        except ValueError:
+            raise InterventionError(f"policy option {key} must be a number, got {raw!r}") from None
+        if not (math.isfinite(x) and lo <= x <= hi):
+            raise InterventionError(
+                f"policy option {key} must lie within [{lo:g}, {hi:g}], got {raw!r}"
+            )
+        return x
+
+    return parse
+
+
+def _integer(key: str, lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            x = int(raw)
+        except ValueError:
+            raise InterventionError(
+                f"policy option {key} must be a whole number, got {raw!r}"
+            ) from None
+        if not lo <= x <= hi:
+            raise InterventionError(
+                f"policy option {key} must lie within [{lo}, {hi}], got {raw!r}"
+            )
+        return x
+
+    return parse
+
+
+def _text(key: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if not raw:
+            raise InterventionError(f"policy option {key} must not be empty")
+        return raw
+
+    return parse
+
+
+#: The options each policy takes in `--do policy --value NAME:key=value,...`, with their types.
+POLICY_OPTIONS: dict[str, dict[str, Callable[[str], Any]]] = {
+    "sim": {"drift": _finite("drift", 0.0, 1.0)},
+    "sim-honest": {"drift": _finite("drift", 0.0, 1.0)},
+    "openai": {
+        "base_url": _text("base_url"),
+        "model": _text("model"),
+        "temperature": _finite("temperature", 0.0, 2.0),
+        "max_tokens": _integer("max_tokens", 1, 131072),
+        "timeout": _finite("timeout", 0.1, 86400.0),
+        "max_retries": _integer("max_retries", 0, 10),
+    },
+}
+
+
+def parse_policy_spec(value: str) -> dict[str, Any]:
+    """`sim-honest`, or `openai:model=m,temperature=0.2`: a typed policy spec."""
     name, _, rest = value.partition(":")
+    name = name.strip()
     if name not in POLICY_NAMES:
         raise InterventionError(
             f"unknown policy {name!r} for do_policy; expected one of: {', '.join(POLICY_NAMES)}"
         )
+    known = POLICY_OPTIONS.get(name, {})
     spec: dict[str, Any] = {"name": name}
-    for part in filter(None, rest.split(",")):
-        key, _, val = part.partition("=")
-        spec[key.strip()] = val.strip()
-    return DoPolicy(k, spec)
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, val = part.partition("=")
+        key = key.strip()
+        if not eq:
+            raise InterventionError(f"policy option {part!r} must look like key=value")
+        if key not in known:
+            valid = ", ".join(known) or "none"
+            raise InterventionError(f"unknown option {key!r} for policy {name} (valid: {valid})")
+        spec[key] = known[key](val.strip())
+    return spec
+
+
+def override_options(name: str, override: Mapping[str, Any]) -> dict[str, Any]:
+    """Check CLI overrides (--base-url, --model, --timeout, --drift) against a policy."""
+    known = POLICY_OPTIONS.get(name, {})
+    bad = sorted(k for k in override if k not in known)
+    if bad:
+        flags = ", ".join("--" + k.replace("_", "-") for k in bad)
+        raise InterventionError(f"{flags} do not apply to policy {name}")
+    return {k: known[k](str(v)) for k, v in override.items()}
 
 
 def branch_seed_for(seed: int, index: int) -> int:
@@ -211,6 +344,40 @@ class BranchBase(msgspec.Struct, frozen=True):
 _bases: OrderedDict[tuple[str, str, int], BranchBase] = OrderedDict()
 _policies: dict[str, Policy] = {}
 _cache_lock = threading.Lock()
+_BASE_CACHE = 4096
+
+
+def _remember(key: tuple[str, str, int], base: BranchBase) -> None:
+    with _cache_lock:
+        _bases[key] = base
+        _bases.move_to_end(key)
+        while len(_bases) > _BASE_CACHE:
+            _bases.popitem(last=False)
+
+
+def prepare_bases(journal: Journal, parent: ParentInfo, upto: int | None = None) -> int:
+    """s_k and the prefix conversation of every step k < upto (default: all), in ONE pass over
+    the parent's history: branch set-up is then a cache lookup at any step, never a re-read of
+    the prefix. Returns how many bases were computed."""
+    last = parent.steps if upto is None else min(upto, parent.steps)
+    s = State()
+    lines: list[ChatLine] = []
+    k = 0
+    made = 0
+    for stored in journal.read(parent.run_id):
+        e = stored.event
+        while e.step is not None and e.step >= k and k < last:
+            _remember((journal.url, parent.run_id, k), BranchBase(stored.seq, s, tuple(lines)))
+            k += 1
+            made += 1
+        if k >= last:
+            break
+        if isinstance(e, ev.ChatMessage):
+            lines.append(ChatLine(step=e.step or 0, agent=e.agent, text=e.text))
+        elif isinstance(e, ev.Intervention) and e.op == "context":
+            lines = edit_transcript(lines, e.value, e.at)
+        s = apply(s, e)
+    return made
 
 
 def branch_base(journal: Journal, parent: ParentInfo, k: int) -> BranchBase:
@@ -228,10 +395,7 @@ def branch_base(journal: Journal, parent: ParentInfo, k: int) -> BranchBase:
         state=state_at_seq(journal, parent.run_id, fork_seq),
         prefix=tuple(conversation(journal, parent.run_id, fork_seq)),
     )
-    with _cache_lock:
-        _bases[key] = base
-        while len(_bases) > 256:
-            _bases.popitem(last=False)
+    _remember(key, base)
     return base
 
 
@@ -249,8 +413,52 @@ def policy_for(spec: dict[str, Any]) -> Policy:
     with _cache_lock:
         pol = _policies.get(key)
         if pol is None:
-            pol = _policies[key] = make_policy(spec)
+            try:
+                pol = _policies[key] = make_policy(spec)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"bad policy spec {spec!r}: {e}") from e
         return pol
+
+
+def branch_key(
+    parent: str,
+    iv: Intervention,
+    branch_seed: int,
+    keep: Mapping[int, str] | None,
+    policy_override: Mapping[str, Any] | None,
+) -> str:
+    """A deterministic name for a branch: the same parent, intervention, kept steps, seed and
+    policy always give the same key, so a re-run can find the branch it made before."""
+    doc = json.dumps(
+        [
+            parent,
+            op_name(iv),
+            iv.k,
+            iv_value(iv),
+            branch_seed,
+            sorted(keep or {}),
+            dict(policy_override or {}),
+        ],
+        sort_keys=True,
+        default=str,
+        separators=(",", ":"),
+    )
+    return hashlib.blake2b(doc.encode(), digest_size=10).hexdigest()
+
+
+def branch_label(iv: Intervention, key: str) -> str:
+    return f"do_{op_name(iv)}@{iv.k} #{key}"
+
+
+#: Group commit of a branch: a forward run of the embedded policy (a few ms a step) commits
+#: in one or two transactions instead of one per step; that halves the write lock's share of
+#: parallel branches. A crash loses at most the branch in flight (whole steps, as always),
+#: and a stopped branch still journals its stop at once. A step slower than this (an LLM
+#: call) commits on its own.
+BRANCH_GROUP_MS = 50.0
+
+#: Branches this process is running now: run id -> its recorder (closed on an interrupt).
+_open: dict[str, Recorder] = {}
 
 
 def run_branch(
@@ -265,7 +473,8 @@ def run_branch(
 ) -> EpisodeResult:
     """Fork `parent` at iv.k, apply `iv`, and run the branch to its end.
 
-    `keep` forces the recorded action at later steps too (used by Shapley coalitions)."""
+    `keep` forces the recorded action at later steps too (used by Shapley coalitions). A stop
+    request (Ctrl-C) closes the branch as stopped at its next step."""
     validate(parent, iv)
     k = iv.k
     base = branch_base(journal, parent, k)
@@ -276,34 +485,69 @@ def run_branch(
         spec.update(policy_override)
     policy = policy_for(spec)
     prefix = list(base.prefix)
-    child = journal.fork(parent.run_id, base.fork_seq, label=label or f"do_{op_name(iv)}@{k}")
+    key = branch_key(parent.run_id, iv, branch_seed, keep, policy_override)
+    child = journal.fork(parent.run_id, base.fork_seq, label=label or branch_label(iv, key))
     opening = ev.Intervention(
         step=k, op=op_name(iv), at=k, value=iv_value(iv), branch_seed=branch_seed
     )
-    recorder = Recorder(journal, child, s_k, base.fork_seq, group_ms=DEFAULT_GROUP_MS)
-    recorder.append([opening])
-    overrides = Overrides(forced_actions=dict(keep or {}))
-    match iv:
-        case DoAction():
-            overrides.forced_actions[k] = iv.action
-        case DoObservation():
-            overrides.forced_actions[k] = parent.actions[k]
-            overrides.observations[k] = iv.observation
-        case DoPolicy():
-            overrides.policy_from = (k, policy_for(iv.policy))
-        case DoContext():
-            prefix = edit_transcript(prefix, iv.edit, iv.k)
-        case _:
-            pass
-    return run_episode(
-        recorder,
-        scenario,
-        policy,
-        lambda j: step_seed(branch_seed, j),
-        prefix,
-        overrides=overrides,
-        server=spec.get("base_url"),
-    )
+    recorder = Recorder(journal, child, s_k, base.fork_seq, group_ms=BRANCH_GROUP_MS)
+    _open[child] = recorder
+    try:
+        recorder.append([opening])
+        overrides = Overrides(forced_actions=dict(keep or {}))
+        match iv:
+            case DoAction():
+                overrides.forced_actions[k] = iv.action
+            case DoObservation():
+                overrides.forced_actions[k] = parent.actions[k]
+                overrides.observations[k] = iv.observation
+            case DoPolicy():
+                overrides.policy_from = (k, policy_for(iv.policy))
+            case DoContext():
+                prefix = edit_transcript(prefix, iv.edit, iv.k)
+            case _:
+                pass
+        return run_episode(
+            recorder,
+            scenario,
+            policy,
+            lambda j: step_seed(branch_seed, j),
+            prefix,
+            overrides=overrides,
+            control=StopChannel(),
+            server=(iv.policy if isinstance(iv, DoPolicy) else spec).get("base_url"),
+        )
+    finally:
+        _open.pop(child, None)
+
+
+def close_stopped(journal: Journal, run_id: str, reason: str = "interrupted") -> bool:
+    """Close a branch left recording (its writer was stopped mid-step) as stopped: Control
+    stop and RunEnded(status="stopped"), appended through a recorder at its head. Returns
+    whether anything was appended."""
+    if journal.status(run_id) not in ("recording", "paused"):
+        return False
+    head = journal.head(run_id)
+    state = state_at_seq(journal, run_id, head, snapshots=False)
+    recorder = Recorder(journal, run_id, state, head)
+    try:
+        recorder.append([ev.Control(action="stop", reason=reason), ev.RunEnded(status="stopped")])
+        recorder.flush()
+    except ConcurrencyError:
+        return False  # its own writer closed it first
+    return True
+
+
+def close_open_branches(journal: Journal, parent: str, labels: set[str], since: str) -> int:
+    """After an interrupt: close every branch of `parent` this command made (by label, created
+    at or after `since`) that is still recording. Returns how many were closed."""
+    closed = 0
+    for run_id in list(_open):
+        closed += close_stopped(journal, run_id)
+    for info in journal.children(parent):
+        if info.label in labels and info.created_at >= since:
+            closed += close_stopped(journal, info.run_id)
+    return closed
 
 
 # ------------------------------------------------------------------ many branches
@@ -314,6 +558,7 @@ class BranchResult(msgspec.Struct, frozen=True):
     status: str
     bad: bool | None
     error: str | None = None
+    reused: bool = False
 
 
 class ForkReport(msgspec.Struct, frozen=True):
@@ -335,56 +580,205 @@ class ForkReport(msgspec.Struct, frozen=True):
 
 
 def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval (scipy), sensible at 0 and n successes."""
-    from scipy.stats import binomtest
+    """Wilson score interval, sensible at 0 and n successes."""
+    from engine.attribution.contrastive import wilson as wilson_alpha
 
     if n == 0:
         return (0.0, 1.0)
-    ci = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
-    return (float(ci.low), float(ci.high))
+    return wilson_alpha(successes, n, 1 - confidence)
 
 
 Progress = Callable[[int, int], None]
-
-
-def _branch_job(
-    target: str,
-    parent: ParentInfo,
-    iv: Intervention,
-    branch_seed: int,
-    keep: dict[int, str] | None,
-    policy_override: dict[str, Any] | None,
-) -> BranchResult:
-    j = _worker_journals.get(target)
-    if j is None:
-        # one journal per worker process: opening checks the schema, which is not free
-        j = _worker_journals[target] = Journal(target)
-    return _branch_in(j, parent, iv, branch_seed, keep, policy_override)
-
-
-_worker_journals: dict[str, Journal] = {}
-
-
-def _branch_in(
-    j: Journal,
-    parent: ParentInfo,
-    iv: Intervention,
-    branch_seed: int,
-    keep: dict[int, str] | None,
-    policy_override: dict[str, Any] | None,
-) -> BranchResult:
-    try:
-        r = run_branch(j, parent, iv, branch_seed, keep=keep, policy_override=policy_override)
-    except PolicyError as e:
-        return BranchResult("", "failed", None, str(e))
-    bad = r.outcome.get("bad") if r.status == "completed" else None
-    return BranchResult(r.run_id, r.status, None if bad is None else bool(bad), r.error)
 
 
 class BranchSpec(msgspec.Struct, frozen=True):
     iv: Intervention
     branch_seed: int
     keep: dict[int, str] | None = None
+
+
+#: What forked worker processes inherit from the parent: the parent infos by run id.
+_inherited: dict[str, ParentInfo] = {}
+_worker_journals: dict[str, Journal] = {}
+
+
+def _branch_job(job: tuple[str, str, BranchSpec, dict[str, Any] | None]) -> BranchResult:
+    target, run_id, spec, policy_override = job
+    j = _worker_journals.get(target)
+    if j is None:
+        # one journal per worker process: opening checks the schema, which is not free
+        j = _worker_journals[target] = Journal(target)
+    return _branch_in(j, _inherited[run_id], spec, policy_override)
+
+
+def _branch_in(
+    j: Journal, parent: ParentInfo, spec: BranchSpec, policy_override: dict[str, Any] | None
+) -> BranchResult:
+    if STOP.is_set():
+        return BranchResult("", "stopped", None, "interrupted")
+    try:
+        r = run_branch(
+            j, parent, spec.iv, spec.branch_seed, keep=spec.keep, policy_override=policy_override
+        )
+    except (PolicyError, ConfigError) as e:
+        return BranchResult("", "failed", None, str(e))
+    bad = r.outcome.get("bad") if r.status == "completed" else None
+    return BranchResult(r.run_id, r.status, None if bad is None else bool(bad), r.error)
+
+
+def branch_outcome(journal: Journal, run_id: str) -> BranchResult | None:
+    """The result of a finished branch from its last event; None while it is not completed."""
+    last = journal.last_event(run_id)
+    if last is None or not isinstance(last.event, ev.RunEnded):
+        return None
+    e = last.event
+    if e.status != "completed" or e.outcome.get("bad") is None:
+        return None
+    return BranchResult(run_id, e.status, bool(e.outcome["bad"]), None, reused=True)
+
+
+class BranchRunner:
+    """Runs batches of independent branches of one parent for the whole command: one worker
+    pool (processes for the sim policy on SQLite, threads waiting on a server otherwise), the
+    branch bases computed once, and an orderly stop on Ctrl-C. With `reuse`, a branch whose
+    deterministic key names a completed branch from an earlier run of the same command is not
+    run again; its outcome is read back."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        parent: ParentInfo,
+        *,
+        concurrency: int = 1,
+        policy_override: dict[str, Any] | None = None,
+        thread_policy: bool = False,
+        reuse: bool = False,
+        all_bases: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise InterventionError(f"concurrency must be at least 1, got {concurrency}")
+        self.journal = journal
+        self.parent = parent
+        self.policy_override = policy_override
+        self.concurrency = concurrency
+        self.reused = 0
+        self.created = 0
+        self._labels: set[str] = set()
+        self._since = _utc_now()
+        self._existing: dict[str, str] = {}
+        if reuse:
+            for info in journal.children(parent.run_id):
+                if "#" in info.label:
+                    self._existing.setdefault(info.label, info.run_id)
+        if all_bases:
+            prepare_bases(journal, parent)
+        name = _policy_name(journal, parent.run_id, policy_override)
+        sim = name.startswith("sim") and not thread_policy
+        # a server-backed policy always runs in threads, even one at a time: the command can
+        # then stop on Ctrl-C while a call hangs, and close that branch itself
+        self.mode = "inline" if sim else "threads"
+        if concurrency > 1 and sim:
+            self.mode = "processes" if journal.is_sqlite else "threads"
+        self._procs: WorkerPool | None = None
+        self._threads: cf.ThreadPoolExecutor | None = None
+        if self.mode == "processes":
+            _inherited[parent.run_id] = parent
+            self._procs = WorkerPool(min(concurrency, os.cpu_count() or 1))
+        elif self.mode == "threads":
+            # as wide as the bound: a default pool would silently cap the concurrency
+            self._threads = cf.ThreadPoolExecutor(max_workers=concurrency)
+
+    def __enter__(self) -> BranchRunner:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.close(interrupted=exc_type is not None)
+
+    def close(self, interrupted: bool = False) -> None:
+        if self._procs is not None:
+            if interrupted:
+                self._procs.stop()
+            else:
+                self._procs.close()
+            self._procs = None
+        if self._threads is not None:
+            # never wait for threads stuck in a network call after an interrupt
+            self._threads.shutdown(wait=not interrupted, cancel_futures=True)
+            self._threads = None
+
+    def run(
+        self, specs: Sequence[BranchSpec], progress: Progress | None = None
+    ) -> list[BranchResult]:
+        """One result per spec, in spec order."""
+        for s in specs:
+            validate(self.parent, s.iv)
+        total = len(specs)
+        results: list[BranchResult | None] = [None] * total
+        todo: list[int] = []
+        for i, s in enumerate(specs):
+            label = branch_label(
+                s.iv,
+                branch_key(self.parent.run_id, s.iv, s.branch_seed, s.keep, self.policy_override),
+            )
+            self._labels.add(label)
+            found = self._existing.get(label)
+            hit = branch_outcome(self.journal, found) if found else None
+            if hit is not None:
+                results[i] = hit
+                self.reused += 1
+            else:
+                todo.append(i)
+        done = total - len(todo)
+        if progress is not None and done:
+            progress(done, total)
+
+        def finish(i: int, r: BranchResult) -> None:
+            nonlocal done
+            results[i] = r
+            done += 1
+            if progress is not None:
+                progress(done, total)
+
+        try:
+            if self.mode == "processes" and self._procs is not None:
+                target = str(self.journal.path)
+                jobs = [(target, self.parent.run_id, specs[i], self.policy_override) for i in todo]
+                self._procs.run(_branch_job, jobs, lambda n, r: finish(todo[n], r))
+            elif self.mode == "threads" and self._threads is not None:
+                futures = {
+                    self._threads.submit(
+                        _branch_in, self.journal, self.parent, specs[i], self.policy_override
+                    ): i
+                    for i in todo
+                }
+                pending = set(futures)
+                while pending:
+                    finished, pending = cf.wait(
+                        pending, timeout=0.05, return_when=cf.FIRST_COMPLETED
+                    )
+                    for fut in finished:
+                        finish(futures[fut], fut.result())
+                    if STOP.is_set():
+                        # running branches stop at their next step; give them a moment
+                        cf.wait(pending, timeout=GRACE)
+                        raise Interrupted()
+            else:
+                for i in todo:
+                    finish(i, _branch_in(self.journal, self.parent, specs[i], self.policy_override))
+                    check()
+            check()
+        except KeyboardInterrupt as e:
+            self.close(interrupted=True)
+            closed = close_open_branches(
+                self.journal, self.parent.run_id, self._labels, self._since
+            )
+            stopped = sum(1 for r in results if r is not None and r.status == "stopped")
+            raise Interrupted(
+                f"interrupted: {stopped + closed} open branches closed as stopped"
+            ) from e
+        out = [r for r in results if r is not None]
+        self.created += sum(1 for r in out if r.run_id and not r.reused)
+        return out
 
 
 def run_branches(
@@ -396,64 +790,15 @@ def run_branches(
     progress: Progress | None = None,
     policy_override: dict[str, Any] | None = None,
 ) -> list[BranchResult]:
-    """Run independent branches; in processes for the sim policy, as bounded asyncio tasks
-    (threads waiting on the server) for an OpenAI-compatible one. Results keep spec order."""
-    for s in specs:
-        validate(parent, s.iv)
-    total = len(specs)
-    results: list[BranchResult | None] = [None] * total
-    done = 0
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total)
-
-    policy_name = _policy_name(journal, parent.run_id, policy_override)
-    if concurrency <= 1 or total <= 1:
-        for i, s in enumerate(specs):
-            results[i] = _branch_in(journal, parent, s.iv, s.branch_seed, s.keep, policy_override)
-            tick()
-    elif policy_name.startswith("sim") and journal.is_sqlite:
-        target = str(journal.path)
-        with cf.ProcessPoolExecutor(max_workers=min(concurrency, os.cpu_count() or 1)) as pool:
-            futures = {
-                pool.submit(
-                    _branch_job, target, parent, s.iv, s.branch_seed, s.keep, policy_override
-                ): i
-                for i, s in enumerate(specs)
-            }
-            for fut in cf.as_completed(futures):
-                results[futures[fut]] = fut.result()
-                tick()
-    else:
-
-        async def main() -> None:
-            # an executor as wide as the bound: asyncio's default pool (cpus + 4 threads) would
-            # silently cap concurrency below what was asked for
-            loop = asyncio.get_running_loop()
-            sem = asyncio.Semaphore(concurrency)
-            with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
-
-                async def one(i: int, s: BranchSpec) -> None:
-                    async with sem:
-                        results[i] = await loop.run_in_executor(
-                            pool,
-                            _branch_in,
-                            journal,
-                            parent,
-                            s.iv,
-                            s.branch_seed,
-                            s.keep,
-                            policy_override,
-                        )
-                        tick()
-
-                await asyncio.gather(*(one(i, s) for i, s in enumerate(specs)))
-
-        asyncio.run(main())
-    return [r for r in results if r is not None]
+    """Run independent branches once (a runner for one batch). Results keep spec order."""
+    with BranchRunner(
+        journal,
+        parent,
+        concurrency=concurrency,
+        policy_override=policy_override,
+        all_bases=False,
+    ) as runner:
+        return runner.run(specs, progress)
 
 
 def _policy_name(journal: Journal, run_id: str, override: dict[str, Any] | None) -> str:
@@ -476,19 +821,35 @@ def fork_many(
     progress: Progress | None = None,
     policy_override: dict[str, Any] | None = None,
 ) -> ForkReport:
-    """N branches of one intervention; the outcome distribution with a Wilson 95% interval."""
+    """N branches of one intervention; the outcome distribution with a Wilson 95% interval.
+
+    With do_policy, `policy_override` (--base-url, --model, --timeout) applies to the policy
+    swapped in, and is journaled as part of the intervention's value."""
     if n < 1:
-        raise InterventionError(f"-n must be at least 1, got {n}")
+        raise InterventionError(f"the number of branches must be at least 1, got {n}")
     parent = parent_info(journal, run_id)
+    thread_policy = False
+    if isinstance(iv, DoPolicy):
+        if policy_override:
+            iv = DoPolicy(
+                iv.k, {**iv.policy, **override_options(str(iv.policy["name"]), policy_override)}
+            )
+            policy_override = None
+        thread_policy = not str(iv.policy["name"]).startswith("sim")
+    elif policy_override:
+        policy_override = override_options(_policy_name(journal, run_id, None), policy_override)
+    validate(parent, iv)
     specs = [BranchSpec(iv, branch_seed_for(seed, i)) for i in range(n)]
-    branches = run_branches(
+    prepare_bases(journal, parent, upto=iv.k + 1)
+    with BranchRunner(
         journal,
         parent,
-        specs,
         concurrency=concurrency,
-        progress=progress,
         policy_override=policy_override,
-    )
+        thread_policy=thread_policy,
+        all_bases=False,
+    ) as runner:
+        branches = runner.run(specs, progress)
     scored = [b for b in branches if b.bad is not None]
     bad = sum(1 for b in scored if b.bad)
     return ForkReport(
@@ -503,3 +864,9 @@ def fork_many(
         ci=wilson(bad, len(scored)) if scored else None,
         factual_bad=parent.outcome.get("bad"),
     )
+
+
+def _utc_now() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC).isoformat()

@@ -22,6 +22,7 @@ from engine.policies.base import AgentView, Policy
 from engine.policies.registry import make_policy
 from engine.runtime.episode import FORCED_MODEL
 from engine.state import State, apply
+from engine.workers import POLL, STOP, check
 
 
 class RecordedStep(msgspec.Struct, frozen=True):
@@ -167,7 +168,9 @@ def fidelity(
     scenario = HeistScenario.from_state(first_state)
     spec = dict(first_state.policy)
     if policy_override:
-        spec.update(policy_override)
+        from engine.interventions import override_options
+
+        spec.update(override_options(str(spec.get("name", "")), policy_override))
     policy = make_policy(spec)
     # one pass rebuilds every request; the policy must see exactly what it saw when
     # recording, anything else is not a replay, so say where the journal and the rebuild part
@@ -206,19 +209,31 @@ def fidelity(
             new_fingerprint=new.system_fingerprint,
         )
 
-    matches: list[StepMatch] = []
-    if concurrency > 1:
-        with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
-            for i, m in enumerate(pool.map(one, todo)):
-                matches.append(m)
+    matches: list[StepMatch | None] = [None] * len(todo)
+    if concurrency > 1 or not str(spec.get("name", "")).startswith("sim"):
+        # threads, polled: a stop request (Ctrl-C) is honoured between steps even while a
+        # server is slow, and nothing waits for a call that hangs
+        pool = cf.ThreadPoolExecutor(max_workers=concurrency)
+        try:
+            futures = {pool.submit(one, item): i for i, item in enumerate(todo)}
+            pending = set(futures)
+            while pending:
+                finished, pending = cf.wait(pending, timeout=POLL, return_when=cf.FIRST_COMPLETED)
+                for fut in finished:
+                    matches[futures[fut]] = fut.result()
+                check()
                 if progress:
-                    progress(i + 1, len(todo))
+                    progress(len(todo) - len(pending), len(todo))
+        finally:
+            pool.shutdown(wait=not STOP.is_set(), cancel_futures=True)
     else:
         for i, item in enumerate(todo):
-            matches.append(one(item))
+            check()
+            matches[i] = one(item)
             if progress:
                 progress(i + 1, len(todo))
-    return _report(info.run_id, spec, len(steps), skipped, matches)
+    done = [m for m in matches if m is not None]
+    return _report(info.run_id, spec, len(steps), skipped, done)
 
 
 def _policy_at(step: RecordedStep, default: Policy) -> Policy:

@@ -103,7 +103,7 @@ def test_attribute_contrastive_on_a_heist(tmp_path: Path) -> None:
     counts its forward runs, each a journaled branch."""
     with Journal(tmp_path / "j.db") as j:
         run = failed_heist(j)
-        data = attribute_run(j, run, method="contrastive", k=24, seed=1)
+        data = attribute_run(j, run, method="contrastive", k=24, seed=1, all_steps=True)
         assert data["forward_runs"] == 24 * 24
         assert len(j.children(run)) <= data["forward_runs"]
         locus = data["locus"]
@@ -149,9 +149,9 @@ def test_attribute_cli_json(tmp_path: Path) -> None:
     jp = tmp_path / "j.db"
     with Journal(jp) as j:
         run = failed_heist(j)
-    res = car("--journal", str(jp), "attribute", run, "-k", "8", "--json")
+    res = car("--journal", str(jp), "attribute", run, "--runs", "8", "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert set(data) >= {"run_id", "method", "ranked", "locus", "forward_runs"}
     bad = car("--journal", str(jp), "attribute", run, "--method", "magic")
-    assert bad.returncode == 1 and "unknown method 'magic'" in bad.stderr
+    assert bad.returncode == 2 and "'magic' is not one of" in bad.stderr

@@ -43,7 +43,9 @@ def _coverage_failures(
     missed: dict[int, list[int]] = {k: [] for k in range(model.n_steps)}
     checked = dict.fromkeys(range(model.n_steps), 0)
     for seed in seeds:
-        result = contrastive(model, rng=np.random.default_rng(seed), mode=mode, k=100)
+        result = contrastive(
+            model, rng=np.random.default_rng(seed), mode=mode, k=100, all_steps=True
+        )
         for s in result.steps:
             checked[s.step] += 1
             if not covers(s.ci, exact[s.step]):
@@ -122,7 +124,9 @@ def test_contrastive_over_counts_the_and_interaction_where_shapley_splits_it() -
     model = MODELS["and_interaction"]
     total = model.exact_efficiency()
     for seed in range(50):
-        effects = contrastive(model, rng=np.random.default_rng(seed), mode="fixed", k=100)
+        effects = contrastive(
+            model, rng=np.random.default_rng(seed), mode="fixed", k=100, all_steps=True
+        )
         assert sum(abs(s.effect) for s in effects.steps) > total + 0.4, f"seed {seed}"
         split = shapley(model, rng=np.random.default_rng(seed), budget=4000)
         phi = [v.phi for v in split.values]
@@ -137,7 +141,9 @@ def test_crn_makes_neighbouring_effects_comparable() -> None:
     diffs: dict[bool, list[float]] = {True: [], False: []}
     for seed in range(200):
         for crn in (True, False):
-            r = contrastive(model, rng=np.random.default_rng(seed), mode="fixed", k=100, crn=crn)
+            r = contrastive(
+                model, rng=np.random.default_rng(seed), mode="fixed", k=100, crn=crn, all_steps=True
+            )
             diffs[crn].append(r.steps[0].effect - r.steps[1].effect)
     assert np.var(diffs[True]) == 0.0
     assert np.var(diffs[False]) > 0.002  # ~ 2 x 0.25 / 100 without shared seeds

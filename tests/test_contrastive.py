@@ -43,10 +43,11 @@ def test_schedule_spends_exactly_alpha_and_reaches_the_target(
 def test_fixed_mode_spends_k_runs_per_step_with_shared_seeds() -> None:
     """FIXED: k runs per step, keep = steps before k, run i of every step on one branch seed."""
     model = Recording(MODELS["refund_pivot"])
-    result = contrastive(model, rng=np.random.default_rng(7), mode="fixed", k=40)
+    result = contrastive(model, rng=np.random.default_rng(7), mode="fixed", k=40, all_steps=True)
     assert result.forward_runs == 3 * 40 == len(model.requests)
     assert [s.n for s in result.steps] == [40, 40, 40]
-    by_step = [model.requests[40 * k : 40 * (k + 1)] for k in range(3)]
+    # scanned from the last step backwards
+    by_step = [model.requests[40 * (2 - k) : 40 * (3 - k)] for k in range(3)]
     for k, requests in enumerate(by_step):
         assert all(r.keep == frozenset(range(k)) for r in requests)
     assert [r.branch_seed for r in by_step[0]] == [r.branch_seed for r in by_step[2]]
@@ -56,7 +57,7 @@ def test_fixed_mode_spends_k_runs_per_step_with_shared_seeds() -> None:
 def test_without_crn_each_step_draws_its_own_seeds() -> None:
     """crn=False: the steps' branch seeds are independent draws."""
     model = Recording(MODELS["refund_pivot"])
-    contrastive(model, rng=np.random.default_rng(7), mode="fixed", k=40, crn=False)
+    contrastive(model, rng=np.random.default_rng(7), mode="fixed", k=40, crn=False, all_steps=True)
     seeds = [{r.branch_seed for r in model.requests[40 * k : 40 * (k + 1)]} for k in range(3)]
     assert not (seeds[0] & seeds[1] or seeds[1] & seeds[2])
 
@@ -66,7 +67,9 @@ def test_adaptive_mode_meets_the_target_where_the_locus_claim_rests(name: str) -
     """ADAPTIVE: the locus and every later step reach the target half-width; earlier steps
     get only the minimum budget; the runs add up."""
     model = Recording(MODELS[name])
-    result = contrastive(model, rng=np.random.default_rng(3), target_half_width=0.05, min_runs=16)
+    result = contrastive(
+        model, rng=np.random.default_rng(3), target_half_width=0.05, min_runs=16, all_steps=True
+    )
     assert result.locus == MODELS[name].exact_locus()
     assert result.locus is not None
     for step in result.steps[result.locus :]:
@@ -97,6 +100,7 @@ def test_no_locus_when_no_step_can_rescue() -> None:
     assert model.exact_locus() is None
     for mode in ("fixed", "adaptive"):
         result = contrastive(model, rng=np.random.default_rng(1), mode=mode)
+        assert len(result.steps) == 2  # no locus: the scan reaches the first step
         assert result.locus is None and result.locus_label is None
         assert all(s.effect == 0 and s.ci[1] == 0 for s in result.steps)
 
@@ -109,6 +113,7 @@ def test_progress_reports_runs_as_they_complete() -> None:
         rng=np.random.default_rng(1),
         mode="fixed",
         k=50,
+        all_steps=True,
         progress=lambda done, total: calls.append((done, total)),
     )
     assert [c[0] for c in calls] == sorted(c[0] for c in calls)
@@ -124,12 +129,30 @@ def test_progress_reports_runs_as_they_complete() -> None:
 
 def test_result_to_dict_is_plain_data() -> None:
     """to_dict() gives JSON-ready data with per-step effect, ci, n and the totals."""
-    result = contrastive(MODELS["and_interaction"], rng=np.random.default_rng(2))
+    result = contrastive(MODELS["and_interaction"], rng=np.random.default_rng(2), all_steps=True)
     data = msgspec.json.decode(msgspec.json.encode(result.to_dict()))
     assert data["locus"] == 1 and data["locus_label"] == "skip_fraud_check"
     assert data["forward_runs"] == sum(s["n"] for s in data["steps"])
     assert set(data["steps"][0]) >= {"step", "label", "effect", "ci", "n", "excludes_zero"}
     assert [s.step for s in result.ranked()] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_default_scan_stops_at_the_locus(name: str, mode: str) -> None:
+    """By default the scan from the end stops at the locus: no forward run is spent on an
+    earlier step, and the locus is the same as with --all-steps."""
+    model = Recording(MODELS[name])
+    result = contrastive(model, rng=np.random.default_rng(5), mode=mode, k=60)
+    full = contrastive(MODELS[name], rng=np.random.default_rng(5), mode=mode, k=60, all_steps=True)
+    assert result.locus == full.locus == MODELS[name].exact_locus()
+    assert result.locus is not None
+    assert [s.step for s in result.steps] == list(range(result.locus, model.n_steps))
+    assert all(len(r.keep) >= result.locus for r in model.requests)
+    assert result.forward_runs == len(model.requests) <= full.forward_runs
+    if result.locus > 0:
+        assert result.forward_runs < full.forward_runs
+    assert not result.all_steps and full.all_steps
 
 
 BAD_ARGUMENTS = [

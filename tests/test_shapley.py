@@ -18,12 +18,13 @@ def test_circuit_breaker_stops_at_the_budget_and_marks_partial() -> None:
     """A budget below the requested permutations stops cleanly, never overspends, says partial."""
     model = Recording(MODELS["and_interaction"])
     result = shapley(model, rng=np.random.default_rng(1), permutations=10_000, budget=500)
-    # one antithetic pair = 2 chains x 4 coalitions; 200 runs stay reserved for efficiency
+    # one antithetic pair = 2 chains x 4 coalitions; 10% of the budget (2 x 25 runs) stays
+    # reserved for the efficiency check
     assert result.partial
-    assert result.permutations == 2 * ((500 - 200) // 8) == 74
+    assert result.efficiency.runs == 50
+    assert result.permutations == 2 * ((500 - 50) // 8) == 112
     assert result.permutations_requested == 10_000
     assert result.forward_runs == len(model.requests) <= 500
-    assert result.efficiency.runs == 200
 
 
 def test_enough_budget_is_not_partial() -> None:
@@ -32,18 +33,30 @@ def test_enough_budget_is_not_partial() -> None:
         MODELS["and_interaction"], rng=np.random.default_rng(1), permutations=100, budget=10_000
     )
     assert not result.partial and result.permutations == 100
-    assert result.forward_runs == 50 * 8 + 200
+    # the efficiency check is 10% of what the permutations need: 400 / 0.9 * 0.1 = 2 x 22
+    assert result.efficiency.runs == 44
+    assert result.forward_runs == 50 * 8 + 44
     only_budget = shapley(MODELS["and_interaction"], rng=np.random.default_rng(1), budget=1000)
-    assert not only_budget.partial and only_budget.permutations == 2 * (800 // 8)
+    assert only_budget.efficiency.runs == 100
+    assert not only_budget.partial and only_budget.permutations == 2 * (900 // 8)
+
+
+def test_efficiency_check_grows_with_the_budget() -> None:
+    """The efficiency check spends a fixed share of the budget, not a fixed number of runs."""
+    runs = [
+        shapley(MODELS["and_interaction"], rng=np.random.default_rng(1), budget=b).efficiency.runs
+        for b in (200, 512, 2000, 8000)
+    ]
+    assert runs == [20, 50, 200, 800]
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         (
-            {"budget": 100},
-            r"budget of 100 forward runs cannot cover one antithetic pair \(8 runs for 3 players\) "
-            r"plus the efficiency check \(200 runs\)",
+            {"budget": 20},
+            r"budget of 20 forward runs cannot cover one antithetic pair \(8 runs for 3 players\) "
+            r"plus the efficiency check \(16 runs\)",
         ),
         ({}, r"give a number of permutations, a budget of forward runs, or both"),
         ({"permutations": 1}, r"permutations must be at least 2"),
@@ -65,7 +78,8 @@ def test_values_are_never_cached_across_permutations() -> None:
     model = Recording(MODELS["and_interaction"])
     result = shapley(model, rng=np.random.default_rng(5), permutations=200, budget=10_000)
     chains = result.permutations
-    assert len(model.requests) == chains * 4 + 200  # m + 1 coalitions per chain, no reuse
+    # m + 1 coalitions per chain, no reuse; then the efficiency check
+    assert len(model.requests) == chains * 4 + result.efficiency.runs
     by_keep: dict[frozenset[int], list[int]] = {}
     for r in model.requests[: chains * 4]:
         by_keep.setdefault(r.keep, []).append(r.branch_seed)

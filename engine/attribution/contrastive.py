@@ -18,9 +18,15 @@ irrelevant steps look causal. The point-of-commitment rule therefore names as th
 the LAST step whose interval lies entirely below zero: the last point where re-deciding can
 still save the run. No such step means no locus (None).
 
+The scan runs from the last step backwards and, by default, stops at the locus: steps before
+it are estimated only on request (`all_steps`). Stopping there costs no error rate: the run
+being attributed is bad under its factual actions, so a step without effect can never show a
+rescue and no look at it can exclude zero by chance; every look's error is in its interval's
+coverage, which the looks' alpha split below pays for.
+
 Two modes:
 
-* FIXED (the paper): K forward runs at every step, each interval at the nominal level.
+* FIXED (the paper): K forward runs at every scanned step, each interval at the nominal level.
 * ADAPTIVE: scan from the last step backwards and spend runs where they decide something.
   Each scanned step is sampled cumulatively at a pre-specified schedule of looks (`Look`),
   and stops at the first look whose interval has half-width <= target: below zero, it is the
@@ -115,10 +121,18 @@ class ContrastiveResult(msgspec.Struct, frozen=True):
     locus: int | None
     forward_runs: int
     target_half_width: float | None = None  # adaptive only
+    all_steps: bool = True  # False: the scan stopped at the locus; earlier steps not estimated
 
     @property
     def locus_label(self) -> str | None:
-        return None if self.locus is None else self.steps[self.locus].label
+        return None if self.locus is None else self.effect_of(self.locus).label
+
+    def effect_of(self, step: int) -> StepEffect:
+        """The estimate of `step` (KeyError when the scan stopped before reaching it)."""
+        for s in self.steps:
+            if s.step == step:
+                return s
+        raise KeyError(step)
 
     def ranked(self) -> list[StepEffect]:
         """Steps from the strongest rescue (most negative effect) to the weakest."""
@@ -134,6 +148,7 @@ class ContrastiveResult(msgspec.Struct, frozen=True):
             "locus": self.locus,
             "locus_label": self.locus_label,
             "forward_runs": self.forward_runs,
+            "all_steps": self.all_steps,
             "steps": [
                 {
                     "step": s.step,
@@ -157,7 +172,7 @@ def z_value(alpha: float) -> float:
     return float(ndtri(1 - alpha / 2))
 
 
-def wilson(bad: int, n: int, alpha: float) -> tuple[float, float]:
+def wilson(bad: float, n: int, alpha: float) -> tuple[float, float]:
     """Wilson score interval for a proportion of `bad` out of `n` (no continuity correction).
 
     Same formula as scipy's binomtest(...).proportion_ci(method="wilson"), written out because
@@ -243,9 +258,11 @@ def contrastive(
     min_runs: int = 16,
     max_runs_per_step: int = 4096,
     crn: bool = True,
+    all_steps: bool = False,
     progress: Progress | None = None,
 ) -> ContrastiveResult:
-    """Estimate every step's contrastive effect and the point-of-commitment locus.
+    """Estimate the point-of-commitment locus, scanning from the last step backwards; with
+    `all_steps` also every step before it (FIXED: k runs each, ADAPTIVE: `min_runs` each).
 
     `k` is the runs per step of the FIXED mode; `target_half_width`, `batch`, `min_runs` and
     `max_runs_per_step` shape the ADAPTIVE mode. Branch seeds come from `rng`; with `crn`
@@ -261,13 +278,16 @@ def contrastive(
     if kind is ContrastiveMode.FIXED:
         if k < 1:
             raise ConfigError(f"k (forward runs per step) must be at least 1, got {k!r}")
-        runner.total = n_steps * k
+        runner.total = n_steps * k if all_steps else None
         alpha = 1 - confidence
-        effects = []
-        for step in range(n_steps):
+        fixed: dict[int, StepEffect] = {}
+        for step in reversed(range(n_steps)):
             bad = runner.run(step, 0, k)
-            effects.append(_effect(model, step, bad, k, alpha, "fixed"))
-        return _result(kind, confidence, crn, effects, runner.done, None)
+            fixed[step] = _effect(model, step, bad, k, alpha, "fixed")
+            if fixed[step].excludes_zero and not all_steps:
+                break
+        effects = [fixed[step] for step in sorted(fixed)]
+        return _result(kind, confidence, crn, effects, runner.done, None, all_steps)
 
     for name, value in (("batch", batch), ("min_runs", min_runs)):
         if value < 1:
@@ -281,6 +301,8 @@ def contrastive(
     locus: int | None = None
     for step in reversed(range(n_steps)):
         if locus is not None:
+            if not all_steps:
+                break
             bad = runner.run(step, 0, min_runs)
             found[step] = _effect(model, step, bad, min_runs, 1 - confidence, "minimum")
             continue
@@ -294,8 +316,8 @@ def contrastive(
         found[step] = effect
         if effect.excludes_zero:
             locus = step
-    effects = [found[step] for step in range(n_steps)]
-    return _result(kind, confidence, crn, effects, runner.done, target_half_width)
+    effects = [found[step] for step in sorted(found)]
+    return _result(kind, confidence, crn, effects, runner.done, target_half_width, all_steps)
 
 
 class _Runner:
@@ -362,6 +384,7 @@ def _result(
     effects: Sequence[StepEffect],
     runs: int,
     target: float | None,
+    all_steps: bool = True,
 ) -> ContrastiveResult:
     locus = None
     for effect in effects:
@@ -375,4 +398,5 @@ def _result(
         locus=locus,
         forward_runs=runs,
         target_half_width=target,
+        all_steps=all_steps,
     )

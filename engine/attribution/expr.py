@@ -55,6 +55,11 @@ _HINTS = {
     "<>": "use '!='",
 }
 _COMPARISONS = frozenset({"<", "<=", ">", ">=", "==", "!="})
+#: An expression longer than this many tokens is refused (a model's expressions are a line).
+MAX_TOKENS = 512
+#: How deeply an expression may nest (parentheses, operators, calls, if/else). Both bounds
+#: keep the recursive parser and the nested closures it builds far from Python's stack limit.
+MAX_DEPTH = 64
 
 
 class ExprError(Exception):
@@ -79,6 +84,8 @@ def tokenize(source: str) -> list[_Token]:
     tokens: list[_Token] = []
     pos = 0
     while pos < len(source):
+        if len(tokens) > MAX_TOKENS:
+            raise ExprError(f"expression is longer than {MAX_TOKENS} tokens")
         m = _TOKEN.match(source, pos)
         if m is None:
             raise ExprError(f"unexpected character {source[pos]!r} at column {pos + 1}")
@@ -115,6 +122,7 @@ class _Parser:
         self.known = frozenset(known)
         self.later = frozenset(later)
         self.names: set[str] = set()
+        self.depth = 0
 
     def peek(self) -> _Token:
         return self.tokens[self.i]
@@ -165,10 +173,24 @@ class _Parser:
         return 0
 
     def expression(self, rbp: int) -> _Fn:
-        left = self.nud(self.next())
-        while self.lbp(self.peek()) > rbp:
-            left = self.led(self.next(), left)
-        return left
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ExprError(f"expression nests deeper than {MAX_DEPTH} levels")
+        try:
+            left = self.nud(self.next())
+            # a chain of left-associative operators loops here instead of recursing, but
+            # each link nests the closures one level deeper: count the links too
+            links = 0
+            while self.lbp(self.peek()) > rbp:
+                left = self.led(self.next(), left)
+                links += 1
+                if self.depth + links > 4 * MAX_DEPTH:
+                    raise ExprError(
+                        f"expression chains more than {4 * MAX_DEPTH} operators at one level"
+                    )
+            return left
+        finally:
+            self.depth -= 1
 
     def nud(self, tok: _Token) -> _Fn:
         if tok.kind == "number":

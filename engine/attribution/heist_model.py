@@ -13,12 +13,17 @@ from typing import Any
 from engine import events as ev
 from engine.attribution.base import ForwardRequest
 from engine.errors import EngineError, InterventionError
-from engine.interventions import BranchSpec, DoResample, ParentInfo, parent_info, run_branches
+from engine.interventions import BranchRunner, BranchSpec, DoResample, ParentInfo, parent_info
 from engine.journal import Journal
 
 
 class HeistForwardModel:
-    """Forward runs of one recorded, failed heist, executed as journaled branches."""
+    """Forward runs of one recorded, failed heist, executed as journaled branches.
+
+    One branch runner serves every batch (its worker pool lives as long as the model; close it
+    or use the model as a context manager). Branches are named by a deterministic key, so the
+    same request (keep set, branch seed) made again, in this command or a later one, reads the
+    earlier branch's outcome back instead of adding a branch (`reuse=False` always runs)."""
 
     def __init__(
         self,
@@ -27,6 +32,7 @@ class HeistForwardModel:
         *,
         concurrency: int = 1,
         policy_override: dict[str, Any] | None = None,
+        reuse: bool = True,
     ) -> None:
         self.journal = journal
         self.parent: ParentInfo = parent_info(journal, run_id)
@@ -48,6 +54,32 @@ class HeistForwardModel:
         crew = first.event.agents
         self._agents = [crew[k % len(crew)] for k in range(self.parent.steps)]
         self.forward_runs = 0
+        self.runner = BranchRunner(
+            journal,
+            self.parent,
+            concurrency=concurrency,
+            policy_override=policy_override,
+            reuse=reuse,
+        )
+
+    def __enter__(self) -> HeistForwardModel:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.runner.close(interrupted=exc_type is not None)
+
+    def close(self) -> None:
+        self.runner.close()
+
+    @property
+    def reused(self) -> int:
+        """Forward runs answered by a branch made earlier (same key), not run again."""
+        return self.runner.reused
+
+    @property
+    def created(self) -> int:
+        """Branches this model added to the journal."""
+        return self.runner.created
 
     @property
     def n_steps(self) -> int:
@@ -78,13 +110,7 @@ class HeistForwardModel:
             keep = {j: self.parent.actions[j] for j in req.keep if j > k0}
             specs.append(BranchSpec(DoResample(k0), req.branch_seed, keep or None))
             where.append(i)
-        branches = run_branches(
-            self.journal,
-            self.parent,
-            specs,
-            concurrency=self.concurrency,
-            policy_override=self.policy_override,
-        )
+        branches = self.runner.run(specs)
         self.forward_runs += len(branches)
         for i, b in zip(where, branches, strict=True):
             if b.bad is None:

@@ -28,23 +28,48 @@ def attribute_run(
     seed: int = 0,
     concurrency: int = 1,
     half_width: float = 0.1,
+    all_steps: bool = False,
+    reuse: bool = True,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Attribute a failed heist to its steps (or agents); plain data for the CLI."""
+    """Attribute a failed heist to its steps (or agents); plain data for the CLI.
+
+    One worker pool serves the whole attribution; with `reuse` (the default) forward runs
+    that an earlier attribution of this run with the same seed already made are read back
+    from their branches instead of adding new ones."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}")
-    model = HeistForwardModel(journal, run_id, concurrency=concurrency)
+    if method == "contrastive" and players != "steps":
+        raise ConfigError("--players applies to --method shapley only")
+    kind = PlayersKind.parse(players)
+    with HeistForwardModel(journal, run_id, concurrency=concurrency, reuse=reuse) as model:
+        out = _attribute(model, method, kind, k, budget, seed, half_width, all_steps, progress)
+    out["branches_added"] = model.created
+    out["branches_reused"] = model.reused
+    return out
+
+
+def _attribute(
+    model: HeistForwardModel,
+    method: str,
+    kind: PlayersKind,
+    k: int | None,
+    budget: int,
+    seed: int,
+    half_width: float,
+    all_steps: bool,
+    progress: Progress | None,
+) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {"run_id": model.parent.run_id, "method": method, "seed": seed}
     if method == "contrastive":
-        if players != "steps":
-            raise ConfigError("--players applies to --method shapley only")
         res = contrastive(
             model,
             rng=rng,
             mode=ContrastiveMode.FIXED if k is not None else ContrastiveMode.ADAPTIVE,
             k=k or 100,
             target_half_width=half_width,
+            all_steps=all_steps,
             progress=progress,
         )
         data = res.to_dict()
@@ -68,11 +93,12 @@ def attribute_run(
                 "locus_message": None if data["locus"] is None else model.message(data["locus"]),
                 "ranked": rows,
                 "forward_runs": data["forward_runs"],
+                "all_steps": data["all_steps"],
+                "first_estimated": min((s["step"] for s in data["steps"]), default=None),
                 "detail": data,
             }
         )
         return out
-    kind = PlayersKind.parse(players)
     res_s = shapley(model, rng=rng, players=kind, budget=budget, progress=progress)
     data = res_s.to_dict()
     rows = []

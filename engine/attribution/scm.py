@@ -400,6 +400,8 @@ def _parse(text: str, source: str) -> SCM:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"{source}: YAML syntax error{at}: {problem}") from e
+    except RecursionError as e:
+        raise ConfigError(f"{source}: the YAML nests too deeply to be a model file") from e
     if not isinstance(doc, dict):
         raise where.error(
             f"expected a mapping with keys {', '.join(_TOP_KEYS)}, got {type(doc).__name__}"

@@ -1,0 +1,217 @@
+"""Attribution on real recorded heists: wall time, journal bytes, concurrency, reuse.
+
+    .venv/bin/python bench/bench_attribute_scale.py [--rounds 4 8 16] [--old bd1ae00]
+
+Records the seed-7 heist (embedded sim policy, default crew) at each --rounds (6 agents: 24,
+48, 96 steps) and runs `car` as a user does, each measurement on a fresh copy of the journal:
+
+* one default `car attribute RUN` (-c 1): wall time, journal bytes added, locus;
+* one `car attribute RUN --method shapley --players agents`: wall time, bytes added;
+* the default attribution with -c 2 beside -c 1 (speed-up on this machine's cores);
+* the same default attribution run a second time on its own journal (reuse: bytes added);
+* the floor: the code of git commit --old (default bd1ae00, before this work) doing the same
+  default attribution in the same run, for its wall time, bytes and locus.
+
+Targets (issue 10): 24-step default <= 4 MiB added, Shapley <= 25 MiB, 96-step default wall
+time <= 1/4 of the old one, -c 2 >= 1.5x -c 1, the same locus as the old code on seed 7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    add_output_options,
+    emit,
+    environment,
+    loadavg,
+    print_footer,
+    print_rows,
+    say,
+    settle,
+    verdict,
+    work_dir,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+
+
+def db_bytes(path: Path) -> int:
+    """Bytes of the database once its WAL is checkpointed into the main file."""
+    con = sqlite3.connect(path)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size = con.execute("PRAGMA page_size").fetchone()[0]
+        pages = con.execute("PRAGMA page_count").fetchone()[0]
+    finally:
+        con.close()
+    return int(page_size * pages)
+
+
+def copy_db(src: Path, dst: Path) -> Path:
+    db_bytes(src)
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def car(tree: Path, journal: Path, *args: str) -> tuple[float, dict[str, Any]]:
+    """Run `car` from source tree `tree` as a process; (wall seconds, its --json output)."""
+    settle()
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        [sys.executable, "-m", "cli", "--journal", str(journal), *args, "--json"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+    )
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"car {' '.join(args)} failed in {tree}: {res.stderr.strip()}")
+    return wall, json.loads(res.stdout)
+
+
+def old_tree(commit: str, work: Path) -> Path:
+    """The source of `commit`, extracted with git archive."""
+    dest = work / f"src-{commit}"
+    dest.mkdir()
+    archive = work / f"{commit}.tar"
+    with archive.open("wb") as f:
+        subprocess.run(["git", "archive", commit], cwd=ROOT, stdout=f, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def record(work: Path, rounds: int) -> tuple[Path, str]:
+    journal = work / f"heist-r{rounds}.db"
+    res = subprocess.run(
+        [sys.executable, "-m", "cli", "--journal", str(journal), "heist", "--seed", "7",
+         "--rounds", str(rounds), "--json"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return journal, json.loads(res.stdout)["run_id"]
+
+
+def measure(rounds: list[int], old: str | None, quiet: bool, parent: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"sizes": []}
+    with work_dir("car-attr-scale-", parent) as work:
+        old_src = old_tree(old, work) if old else None
+        for r in rounds:
+            journal, run = record(work, r)
+            size = {"rounds": r, "steps": 6 * r, "run_id": run}
+            base = db_bytes(journal)
+
+            def fresh(tag: str, journal: Path = journal, r: int = r) -> Path:
+                return copy_db(journal, work / f"r{r}-{tag}.db")
+
+            say(quiet, f"{6 * r} steps: default attribute -c 1")
+            j1 = fresh("c1")
+            wall, data = car(ROOT, j1, "attribute", run)
+            size["default"] = {
+                "wall_s": wall, "bytes": db_bytes(j1) - base, "locus": data["locus"],
+                "forward_runs": data["forward_runs"], "branches": data["branches_added"],
+            }  # fmt: skip
+            say(quiet, f"{6 * r} steps: the same again (reuse)")
+            wall, data = car(ROOT, j1, "attribute", run)
+            size["rerun"] = {
+                "wall_s": wall, "bytes": db_bytes(j1) - base - size["default"]["bytes"],
+                "branches": data["branches_added"], "reused": data["branches_reused"],
+            }  # fmt: skip
+            say(quiet, f"{6 * r} steps: default attribute -c 2")
+            j2 = fresh("c2")
+            wall, data = car(ROOT, j2, "attribute", run, "-c", "2")
+            size["default_c2"] = {"wall_s": wall, "locus": data["locus"]}
+            say(quiet, f"{6 * r} steps: shapley over agents")
+            js = fresh("shapley")
+            wall, data = car(ROOT, js, "attribute", run, "--method", "shapley", "--players",
+                             "agents")  # fmt: skip
+            size["shapley"] = {
+                "wall_s": wall, "bytes": db_bytes(js) - base,
+                "forward_runs": data["forward_runs"], "branches": data["branches_added"],
+            }  # fmt: skip
+            if old_src is not None:
+                say(quiet, f"{6 * r} steps: default attribute with the code of {old}")
+                jo = fresh("old")
+                wall, data = car(old_src, jo, "attribute", run)
+                size["old_default"] = {
+                    "wall_s": wall, "bytes": db_bytes(jo) - base, "locus": data["locus"],
+                    "forward_runs": data["forward_runs"],
+                }  # fmt: skip
+            for p in work.glob(f"r{r}-*.db*"):
+                p.unlink()
+            out["sizes"].append(size)
+    return out
+
+
+def table(res: dict[str, Any]) -> None:
+    rows = []
+    by = {s["steps"]: s for s in res["sizes"]}
+    for steps, s in by.items():
+        d, sh, c2, again = s["default"], s["shapley"], s["default_c2"], s["rerun"]
+        old = s.get("old_default")
+        rows.append((f"{steps} steps: default attribute wall (-c 1)", f"{d['wall_s']:.2f} s",
+                     "", ""))  # fmt: skip
+        if old:
+            ratio = d["wall_s"] / old["wall_s"]
+            target = "<= 0.25 of old" if steps >= 96 else ""
+            rows.append((f"{steps} steps: old code ({res['old']}) wall", f"{old['wall_s']:.2f} s",
+                         "", ""))  # fmt: skip
+            rows.append((f"{steps} steps: new / old wall", f"{ratio:.2f}x", target,
+                         verdict(ratio <= 0.25) if target else ""))  # fmt: skip
+            rows.append((f"{steps} steps: old bytes added", f"{old['bytes'] / MIB:.1f} MiB",
+                         "", ""))  # fmt: skip
+        target = "<= 4 MiB" if steps == 24 else ""
+        rows.append((f"{steps} steps: default bytes added", f"{d['bytes'] / MIB:.1f} MiB", target,
+                     verdict(d["bytes"] <= 4 * MIB) if target else ""))  # fmt: skip
+        rows.append((f"{steps} steps: default forward runs / branches",
+                     f"{d['forward_runs']} / {d['branches']}", "", ""))  # fmt: skip
+        if old:
+            same = verdict(d["locus"] == old["locus"]) if steps == 24 else ""
+            rows.append((f"{steps} steps: locus new / old", f"{d['locus']} / {old['locus']}",
+                         "same" if steps == 24 else "", same))  # fmt: skip
+        speed = d["wall_s"] / c2["wall_s"]
+        rows.append((f"{steps} steps: -c 2 speed-up over -c 1", f"{speed:.2f}x", ">= 1.5x",
+                     verdict(speed >= 1.5)))  # fmt: skip
+        rows.append((f"{steps} steps: re-run adds branches / bytes",
+                     f"{again['branches']} / {again['bytes'] / MIB:.2f} MiB", "0 branches",
+                     verdict(again["branches"] == 0)))  # fmt: skip
+        rows.append((f"{steps} steps: re-run wall", f"{again['wall_s']:.2f} s", "", ""))
+        target = "<= 25 MiB" if steps == 24 else ""
+        rows.append((f"{steps} steps: shapley agents wall", f"{sh['wall_s']:.2f} s", "", ""))
+        rows.append((f"{steps} steps: shapley agents bytes added", f"{sh['bytes'] / MIB:.1f} MiB",
+                     target, verdict(sh["bytes"] <= 25 * MIB) if target else ""))  # fmt: skip
+    print_rows(rows)
+    print_footer(res["env"], "each measurement a `car` process on a fresh copy of the journal")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--old", default="bd1ae00", help="git commit of the floor ('' to skip)")
+    p.add_argument("--quiet", action="store_true")
+    add_output_options(p)
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    load0 = loadavg()
+    res = measure(args.rounds, args.old or None, args.quiet, args.dir)
+    res["old"] = args.old
+    res["env"] = environment(
+        loadavg_start=load0, loadavg_end=loadavg(), wall_s=time.perf_counter() - t0
+    )
+    emit(res, args.json, table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,593 @@
+"""The counterfactual commands: fidelity, fork, attribute, validate, accuse.
+
+Flags mean one thing across commands (docs/decisions.md, "CLI flags"): `--at/-k` is a step,
+`--runs/-K` forward runs per step, `-n` how many (branches, rows), `-c` concurrency. Every bad
+value is a usage error (exit 2) on one line; Ctrl-C stops within a step, closes what is open
+as stopped and exits 130 (engine/workers.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.table import Table
+
+from engine.commands.common import JsonOpt, emit_json, err, fail, open_journal, out
+from engine.errors import InterventionError
+
+OPS = ("resample", "action", "observation", "context", "policy")
+METHODS = ("contrastive", "shapley")
+PLAYERS = ("steps", "agents")
+#: A --value-file larger than this is refused before it is read.
+MAX_VALUE_FILE = 1 << 20
+
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", "-c", min=1, help="Branches (or steps) run at once.")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the forward runs (reproducible).")]
+BaseUrlOpt = Annotated[
+    str | None,
+    typer.Option("--base-url", help="openai: run against this OpenAI-compatible server."),
+]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="openai: model name.")]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="openai: seconds per call (finite, > 0)."),
+]
+RunsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--runs", "-K", min=1, help="Fixed K forward runs per step (the paper); default adaptive."
+    ),
+]
+OldKOpt = Annotated[
+    int | None,
+    typer.Option("-k", hidden=True, help="Deprecated spelling of --runs/-K."),
+]
+AllStepsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--all-steps",
+        help="Estimate every step, not only the scan from the end down to the locus.",
+    ),
+]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def stoppable(fn: _F) -> _F:
+    """Ctrl-C inside the command: its one line ("interrupted: ...") and exit 130, at once.
+
+    Caught here because the CLI framework turns a KeyboardInterrupt into a silent exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from engine.workers import hard_exit
+
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt as e:
+            hard_exit(getattr(e, "message", "interrupted"))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
+    if value not in valid:
+        raise typer.BadParameter(
+            f"{value!r} is not one of: {', '.join(valid)}", param_hint=f"'{flag}'"
+        )
+    return value
+
+
+def _runs(runs: int | None, old_k: int | None) -> int | None:
+    if old_k is not None:
+        raise typer.BadParameter(
+            "-k is the step flag (--at) of fork and state; forward runs per step is --runs/-K",
+            param_hint="'-k'",
+        )
+    return runs
+
+
+def _timeout(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and 0.1 <= value <= 86400):
+        raise typer.BadParameter(
+            f"must be a finite number of seconds within [0.1, 86400], got {value}",
+            param_hint="'--timeout'",
+        )
+    return value
+
+
+def _progress() -> Any:
+    """A progress bar on stderr, shown only when stderr is a terminal (never mixed into --json)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+
+
+def _policy_override(
+    base_url: str | None, model: str | None, timeout: float | None, drift: float | None = None
+) -> dict[str, Any] | None:
+    override: dict[str, Any] = {}
+    if base_url:
+        override["base_url"] = base_url
+    if model:
+        override["model"] = model
+    if _timeout(timeout) is not None:
+        override["timeout"] = timeout
+    if drift is not None:
+        if not (math.isfinite(drift) and 0.0 <= drift <= 1.0):
+            raise typer.BadParameter(f"must lie within [0, 1], got {drift}", param_hint="'--drift'")
+        override["drift"] = drift
+    return override or None
+
+
+def _read_value_file(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            raise typer.BadParameter(
+                f"{str(path)!r} is not a regular file", param_hint="'--value-file'"
+            )
+        if size > MAX_VALUE_FILE:
+            raise typer.BadParameter(
+                f"{str(path)!r} is {size} bytes; the limit is {MAX_VALUE_FILE}",
+                param_hint="'--value-file'",
+            )
+        data = path.read_bytes()
+    except OSError as e:
+        raise typer.BadParameter(
+            f"cannot read {str(path)!r}: {e.strerror}", param_hint="'--value-file'"
+        ) from e
+    if b"\x00" in data:
+        raise typer.BadParameter(
+            f"{str(path)!r} is binary (it contains NUL bytes); the value must be text",
+            param_hint="'--value-file'",
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise typer.BadParameter(
+            f"{str(path)!r} is not UTF-8 text (byte {e.start})", param_hint="'--value-file'"
+        ) from e
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _fmt_ci(ci: list[float] | tuple[float, float]) -> str:
+    return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+
+
+def _clip(text: str, n: int) -> str:
+    from engine.projections import _clip as clip
+
+    return clip(text, n)
+
+
+# ----------------------------------------------------------------- commands
+
+
+@stoppable
+def ensure_rerunnable(j: Any, run_id: str) -> None:
+    """Imported runs (OTLP traces) have no program to re-run: one line, before any work."""
+    from engine.otel.importer import ensure_rerunnable as check
+
+    check(j, run_id)
+
+
+def fidelity_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    timeout: TimeoutOpt = None,
+    drift: Annotated[
+        float | None,
+        typer.Option("--drift", help="sim only: probability of ignoring the seed (test knob)."),
+    ] = None,
+    concurrency: ConcurrencyOpt = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-execute every step with its recorded seed and context: the action-match rate."""
+    from engine.replay import fidelity
+    from engine.workers import interruptible
+
+    override = _policy_override(base_url, model, timeout, drift)
+    with interruptible(), open_journal(create=False) as j, _progress() as bar:
+        ensure_rerunnable(j, run_id)
+        task = bar.add_task("re-executing steps", total=None)
+        report = fidelity(
+            j,
+            run_id,
+            policy_override=override,
+            concurrency=concurrency,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    data = report.to_dict()
+    if as_json:
+        emit_json(data)
+        return
+    out.print(
+        f"[bold]fidelity of run {report.run_id}[/] (policy {report.policy.get('name')}): "
+        f"action-match rate [bold]{_pct(report.action_match_rate)}[/] "
+        f"(exact {_pct(report.exact_match_rate)}) over "
+        f"{report.steps - report.skipped} re-executed steps"
+        + (f", {report.skipped} forced/failed skipped" if report.skipped else ""),
+        highlight=False,
+    )
+    table = Table(box=None, header_style="bold")
+    for col in ("agent", "steps", "exact", "normalised"):
+        table.add_column(col)
+    for agent, a in report.per_agent.items():
+        table.add_row(
+            agent, str(a["steps"]), _pct(a["exact_match_rate"]), _pct(a["action_match_rate"])
+        )
+    out.print(table)
+    for d in report.divergences[:20]:
+        out.print(
+            f"[yellow]step {d['step']} ({d['agent']})[/]: {d['provenance']['explanation']}",
+            highlight=False,
+        )
+        out.print(f"    {d['diff']}", highlight=False, markup=False)
+    if len(report.divergences) > 20:
+        out.print(f"... {len(report.divergences) - 20} more divergences (--json for all)")
+
+
+@stoppable
+def fork_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix of the parent.")],
+    at: Annotated[int, typer.Option("--at", "-k", help="Step k to intervene on.")],
+    do: Annotated[
+        str,
+        typer.Option("--do", help="resample | action | observation | context | policy"),
+    ],
+    value: Annotated[
+        str | None,
+        typer.Option(
+            "--value",
+            help="action: the message; observation: the tool result; context: a message to add,"
+            ' or {"step": j, "text": t} to replace step j; policy: sim | sim-honest | '
+            "openai[:key=value,...] (keys: model, base_url, temperature, max_tokens, timeout,"
+            " max_retries).",
+        ),
+    ] = None,
+    value_file: Annotated[
+        Path | None, typer.Option("--value-file", help="Read --value from a text file.")
+    ] = None,
+    n: Annotated[int, typer.Option("--branches", "-n", min=1, help="Number of branches.")] = 20,
+    seed: SeedOpt = 0,
+    concurrency: ConcurrencyOpt = 1,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    timeout: TimeoutOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fork N branches at step k with one do() intervention; the outcome distribution.
+
+    With --do policy, --base-url/--model/--timeout configure the policy swapped in. Exits 1
+    when every branch failed."""
+    from engine.interventions import fork_many, parse_intervention
+    from engine.workers import interruptible
+
+    _choice(do, OPS, "--do")
+    if value_file is not None:
+        if value is not None:
+            raise typer.BadParameter("give --value or --value-file, not both")
+        value = _read_value_file(value_file)
+    try:
+        iv = parse_intervention(do, at, value)
+    except InterventionError as e:
+        raise typer.BadParameter(str(e), param_hint="'--value'") from e
+    override = _policy_override(base_url, model, timeout)
+    with interruptible(), open_journal(create=False) as j, _progress() as bar:
+        ensure_rerunnable(j, run_id)
+        task = bar.add_task(f"branches do_{do}@{at}", total=n)
+        report = fork_many(
+            j,
+            run_id,
+            iv,
+            n,
+            seed=seed,
+            concurrency=concurrency,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            policy_override=override,
+        )
+    failed = [b for b in report.branches if b.bad is None]
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        out.print(
+            f"[bold]do_{report.op}({report.at})[/] on run {report.parent} "
+            f"(factual outcome: {'bad' if report.factual_bad else 'ok'})",
+            highlight=False,
+        )
+        if report.bad_rate is not None and report.ci is not None:
+            out.print(
+                f"bad rate [bold]{report.bad_rate:.3f}[/] ({report.bad}/{report.scored} "
+                f"branches), 95% CI [{report.ci[0]:.3f}, {report.ci[1]:.3f}] (Wilson)",
+                highlight=False,
+            )
+        if failed:
+            out.print(f"[red]{len(failed)} branches failed[/]: ", end="", highlight=False)
+            out.print(str(failed[0].error), markup=False, highlight=False)
+        out.print("branches: " + " ".join(b.run_id for b in report.branches if b.run_id))
+    if failed and len(failed) == len(report.branches):
+        fail(f"every branch failed ({len(failed)} of {len(failed)}): {failed[0].error}")
+
+
+@stoppable
+def validate_cmd(
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="SCM model files (YAML) to add to the built-ins.")
+    ] = None,
+    seed: SeedOpt = 0,
+    runs: RunsOpt = None,
+    old_k: OldKOpt = None,
+    budget: Annotated[
+        int, typer.Option("--budget", min=1, help="Shapley forward-run budget per model.")
+    ] = 4000,
+    players: Annotated[str, typer.Option("--players", help="steps | agents")] = "steps",
+    alpha: Annotated[
+        float,
+        typer.Option("--alpha", help="Family-wise error rate of the check (Bonferroni)."),
+    ] = 0.05,
+    all_steps: AllStepsOpt = False,
+    no_builtin: Annotated[bool, typer.Option("--no-builtin", help="Only the given files.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run both estimators on synthetic causal models and compare with exact ground truth.
+
+    Exit status 1 when an exact value lies outside its interval. The intervals form one family
+    at a family-wise error rate --alpha (Bonferroni: each at 1 - alpha/m), so correct
+    estimators pass with probability >= 1 - alpha; the rule is printed."""
+    from engine.attribution.scm import builtin_models, load_scm
+    from engine.attribution.validate import family_rule, validate
+
+    k = _runs(runs, old_k)
+    _choice(players, PLAYERS, "--players")
+    if not (math.isfinite(alpha) and 0 < alpha < 1):
+        raise typer.BadParameter(
+            f"must lie strictly between 0 and 1, got {alpha}", param_hint="'--alpha'"
+        )
+    models = [] if no_builtin else builtin_models()
+    models += [load_scm(f) for f in files or []]
+    if not models:
+        fail("no models to validate (give model files or drop --no-builtin)")
+    rule = family_rule(models, players, alpha)
+    with _progress() as bar:
+        task = bar.add_task("forward runs", total=None)
+        reports = validate(
+            models,
+            seed,
+            k,
+            budget,
+            players=players,
+            alpha=alpha,
+            all_steps=all_steps,
+            progress=lambda done, _total: bar.update(task, completed=done),
+        )
+    if as_json:
+        emit_json([r.to_dict() for r in reports])
+    else:
+        for r in reports:
+            _print_validation(r.to_dict())
+        out.print(f"\n{rule.describe()} (seed {seed})", highlight=False, soft_wrap=True)
+    missed = [r.scm for r in reports if not r.ok]
+    if missed:
+        fail(
+            f"estimates missed the exact ground truth on: {', '.join(missed)} (seed {seed}; "
+            f"a correct estimator misses somewhere with probability <= {alpha:g})"
+        )
+    if not as_json:
+        out.print("[green]passed[/]: every exact value lies inside its interval", highlight=False)
+
+
+def _print_validation(d: dict[str, Any]) -> None:
+    status = "[green]ok[/]" if d["ok"] else "[red]MISSED[/]"
+    out.print(f"\n[bold]{d['scm']}[/] {status}: ", end="", highlight=False)
+    out.print(d["description"], highlight=False, markup=False)
+    loc = d["locus"]
+    out.print(
+        f"  locus: estimated {loc['estimated_label']} vs exact {loc['exact_label']} "
+        f"({'right' if loc['ok'] else 'WRONG'}); {d['forward_runs']} forward runs "
+        f"({d['mode']} contrastive {d['contrastive_runs']}, shapley {d['shapley_runs']}"
+        + (", partial" if d["partial"] else "")
+        + f"); intervals at {100 * d['level']:.3f}%",
+        highlight=False,
+    )
+    t = Table(box=None, header_style="bold")
+    for col in ("step", "effect", "CI", "n", "exact", "covered"):
+        t.add_column(col)
+    for c in d["contrastive"]:
+        t.add_row(
+            c["label"],
+            f"{c['effect']:+.3f}",
+            _fmt_ci(c["ci"]),
+            str(c["n"]),
+            f"{c['exact']:+.3f}",
+            "yes" if c["covered"] else "[red]NO[/]",
+        )
+    out.print(t)
+    t = Table(box=None, header_style="bold")
+    for col in ("player", "phi", "CI", "exact", "covered"):
+        t.add_column(col)
+    for c in d["shapley"]:
+        t.add_row(
+            c["player"],
+            f"{c['phi']:.3f}",
+            _fmt_ci(c["ci"]),
+            f"{c['exact']:.3f}",
+            "yes" if c["covered"] else "[red]NO[/]",
+        )
+    out.print(t)
+    e = d["efficiency"]
+    out.print(
+        f"  efficiency: sum phi {e['estimated']:.3f} vs exact v(all)-v(none) {e['exact']:.3f} "
+        f"(estimated from runs {e['forward_runs_estimate']:.3f})",
+        highlight=False,
+    )
+
+
+@stoppable
+def attribute_cmd(
+    run_id: Annotated[str, typer.Argument(help="A completed, failed heist (id or prefix).")],
+    method: Annotated[str, typer.Option("--method", help="contrastive | shapley")] = "contrastive",
+    players: Annotated[str, typer.Option("--players", help="shapley: steps | agents")] = "steps",
+    runs: RunsOpt = None,
+    old_k: OldKOpt = None,
+    budget: Annotated[
+        int, typer.Option("--budget", min=1, help="shapley: forward-run budget.")
+    ] = 2000,
+    half_width: Annotated[
+        float,
+        typer.Option("--half-width", help="contrastive adaptive: target CI half-width (0-0.5)."),
+    ] = 0.1,
+    all_steps: AllStepsOpt = False,
+    seed: SeedOpt = 0,
+    concurrency: ConcurrencyOpt = 1,
+    top: Annotated[int, typer.Option("--top", "-n", min=1, help="Rows of the ranked table.")] = 12,
+    as_json: JsonOpt = False,
+) -> None:
+    """Which step (or agent) caused the failure: counterfactual forward runs, ranked.
+
+    Contrastive scans from the last step backwards and stops at the point of commitment
+    (--all-steps estimates every step). Run again with the same --seed, it reuses the branches
+    it made before instead of adding new ones."""
+    from engine.attribution.heist_report import attribute_run
+    from engine.workers import interruptible
+
+    k = _runs(runs, old_k)
+    _choice(method, METHODS, "--method")
+    _choice(players, PLAYERS, "--players")
+    if method == "contrastive" and players != "steps":
+        raise typer.BadParameter("applies to --method shapley only", param_hint="'--players'")
+    if not (math.isfinite(half_width) and 0 < half_width < 0.5):
+        raise typer.BadParameter(
+            f"must lie strictly between 0 and 0.5, got {half_width}", param_hint="'--half-width'"
+        )
+    with interruptible(), open_journal(create=False) as j, _progress() as bar:
+        ensure_rerunnable(j, run_id)
+        task = bar.add_task(f"{method} forward runs", total=None)
+        data = attribute_run(
+            j,
+            run_id,
+            method=method,
+            players=players,
+            k=k,
+            budget=budget,
+            seed=seed,
+            concurrency=concurrency,
+            half_width=half_width,
+            all_steps=all_steps,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if as_json:
+        emit_json(data)
+        return
+    t = Table(box=None, header_style="bold")
+    if method == "contrastive":
+        for col, width in (("step", 4), ("agent", 11), ("effect", 6), ("95% CI", 16), ("n", 4)):
+            t.add_column(col, no_wrap=True, min_width=width)
+        t.add_column("message", no_wrap=True, overflow="ellipsis", max_width=44)
+        for r in data["ranked"][:top]:
+            mark = " *" if r["step"] == data["locus"] else ""
+            t.add_row(
+                f"{r['step']}{mark}",
+                r["agent"] or "",
+                f"{r['effect']:+.3f}",
+                _fmt_ci(r["ci"]),
+                str(r["n"]),
+                _clip(r["message"], 70),
+            )
+        out.print(t)
+        if data["locus"] is None:
+            out.print("causal locus: [bold]none[/] (no step's interval excludes zero)")
+        else:
+            out.print(
+                f"causal locus (point of commitment): [bold]step {data['locus']}[/] "
+                f"({data['locus_agent']}): ",
+                end="",
+                highlight=False,
+            )
+            out.print(_clip(data["locus_message"], 100), highlight=False, markup=False)
+        first = data.get("first_estimated")
+        if not data.get("all_steps") and first:
+            out.print(
+                f"scan from the end stopped at step {first}; steps 0..{first - 1} not estimated "
+                "(--all-steps)",
+                highlight=False,
+            )
+    else:
+        for col, width in (("player", 14), ("agent", 11), ("phi", 6), ("95% CI", 16)):
+            t.add_column(col, no_wrap=True, min_width=width)
+        t.add_column("message", no_wrap=True, overflow="ellipsis", max_width=40)
+        for r in data["ranked"][:top]:
+            t.add_row(
+                r["player"],
+                r["agent"] or "",
+                f"{r['phi']:+.3f}",
+                _fmt_ci(r["ci"]),
+                _clip(r["message"] or "", 60),
+            )
+        out.print(t)
+        e = data["efficiency"]
+        out.print(
+            f"efficiency: sum phi {e['sum_phi']:.3f} vs v(all)-v(none) {e['difference']:.3f} "
+            f"{_fmt_ci(e['difference_ci'])}; {data['permutations']} permutations"
+            + (" [yellow](partial: budget reached)[/]" if data["partial"] else ""),
+            highlight=False,
+        )
+    out.print(
+        f"forward runs spent: {data['forward_runs']} ({data['branches_added']} new branches, "
+        f"{data['branches_reused']} reused from an earlier run with seed {seed})",
+        highlight=False,
+    )
+
+
+def accuse_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
+    agent: Annotated[str | None, typer.Argument(help="Your suspect (omit to give up).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Name the mole: SUCCESS (right), FAILURE (wrong agent), BUSTED (nobody named)."""
+    from engine.heist.session import accuse_run
+
+    with open_journal(create=False) as j:
+        result = accuse_run(j, run_id, agent)
+    if as_json:
+        emit_json(
+            {
+                "run_id": result.run_id,
+                "suspect": result.suspect,
+                "verdict": result.verdict,
+                "mole": result.mole,
+                "strategy": result.strategy,
+            }
+        )
+        return
+    out.print(f"[bold]{result.verdict}[/]", highlight=False)
+    out.print(f"the mole was {result.mole} (strategy {result.strategy})", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the counterfactual commands to `app`."""
+    app.command("accuse")(accuse_cmd)
+    app.command("fidelity")(fidelity_cmd)
+    app.command("fork")(fork_cmd)
+    app.command("validate")(validate_cmd)
+    app.command("attribute")(attribute_cmd)

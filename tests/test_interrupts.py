@@ -1,0 +1,217 @@
+"""Ctrl-C and kill -9 of the counterfactual commands, as real processes with real signals.
+
+Every test starts `car` as a subprocess in its own session, waits until it is doing real work
+(branches appear in the journal), then signals it and checks: the exit status and the single
+line on stderr, how long it took, that no process of its session survives, and that no branch
+is left `recording`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.heist.session import record_heist
+from engine.journal import Journal
+from engine.policies.sim import SimPolicy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A journal with the seed-7 heist (a failed run, 24 steps)."""
+    path = tmp_path_factory.mktemp("interrupts") / "j.db"
+    with Journal(path) as j:
+        run = record_heist(j, SimPolicy(), seed=7).run_id
+    return path, run
+
+
+def start(journal: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "--journal", str(journal), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: we can find every child it made
+    )
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session `sid` (zombies excluded)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def branch_count(journal: Path, run: str) -> int:
+    with Journal(journal, create=False) as j:
+        return len(j.children(run))
+
+
+def wait_for_branches(journal: Path, run: str, before: int, proc: subprocess.Popen[str]) -> None:
+    """Until the command has made at least two new branches (it is in the middle of its work)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if branch_count(journal, run) >= before + 2:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the command made no branches within 60 s")
+
+
+def open_branches(journal: Path, run: str) -> list[str]:
+    with Journal(journal, create=False) as j:
+        return [c.run_id for c in j.children(run) if j.status(c.run_id) == "recording"]
+
+
+def gone_within(sid: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = session_pids(sid)
+        if not left:
+            return []
+        time.sleep(0.05)
+    return session_pids(sid)
+
+
+COMMANDS = [
+    ("fork -c 2", ["fork", "RUN", "--at", "2", "--do", "resample", "-n", "400", "-c", "2"]),
+    ("fork -c 1", ["fork", "RUN", "--at", "2", "--do", "resample", "-n", "400"]),
+    ("attribute -c 2", ["attribute", "RUN", "--all-steps", "--seed", "SEED", "-c", "2"]),
+    ("attribute -c 1", ["attribute", "RUN", "--all-steps", "--seed", "SEED"]),
+]
+
+
+@pytest.mark.parametrize(("name", "argv"), COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_ctrl_c_stops_quickly_and_closes_open_branches(
+    heist: tuple[Path, str], name: str, argv: list[str]
+) -> None:
+    """SIGINT in the middle of the work: exit 130 within 2 s with one line on stderr, no
+    process of the command left, and every branch it opened closed as stopped."""
+    journal, run = heist
+    seed = str(abs(hash(name)) % 10_000)
+    args = [run if a == "RUN" else seed if a == "SEED" else a for a in argv]
+    before = branch_count(journal, run)
+    proc = start(journal, *args)
+    wait_for_branches(journal, run, before, proc)
+    t0 = time.monotonic()
+    # the terminal sends SIGINT to the whole foreground process group
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=10)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 130, stderr
+    assert elapsed < 2.0, f"{name}: took {elapsed:.2f} s to stop"
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted"), stderr
+    assert "Traceback" not in stderr
+    assert gone_within(proc.pid, 2.0) == []
+    assert open_branches(journal, run) == []
+    with Journal(journal, create=False) as j:
+        stopped = [c for c in j.children(run) if j.status(c.run_id) == "stopped"]
+        for c in stopped[-3:]:
+            kinds = [s.kind for s in j.read(c.run_id)][-2:]
+            assert kinds == ["control", "run_ended"], kinds
+        assert j.verify().ok
+
+
+def test_kill_9_of_attribute_leaves_no_worker(heist: tuple[Path, str]) -> None:
+    """SIGKILL of `car attribute -c 2` (nothing can run in the killed process): its worker
+    processes notice and exit within a few seconds, closing their branches as stopped."""
+    journal, run = heist
+    for attempt in range(3):
+        before = branch_count(journal, run)
+        proc = start(journal, "attribute", run, "--all-steps", "--seed", str(500 + attempt))
+        proc.kill()  # too early: nothing started yet, nothing may remain either
+        proc.wait()
+        assert gone_within(proc.pid, 3.0) == []
+        proc = start(
+            journal, "attribute", run, "--all-steps", "--seed", str(600 + attempt), "-c", "2"
+        )
+        wait_for_branches(journal, run, before, proc)
+        assert len(session_pids(proc.pid)) >= 3  # the command and its two workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        left = gone_within(proc.pid, 3.0)
+        assert left == [], f"attempt {attempt}: worker processes {left} outlived the command"
+    assert open_branches(journal, run) == []
+
+
+def loaded(pid: int, library: str) -> bool:
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.05, 0.1, 0.2])
+def test_ctrl_c_while_starting_is_one_line(heist: tuple[Path, str], delay: float) -> None:
+    """SIGINT while the command is still importing and opening its journal: one line on
+    stderr and exit 130, never a traceback. The signal is sent `delay` seconds after the
+    program's own imports began (msgspec, the first compiled module it loads, is mapped);
+    before that Python itself is still starting and reports a signal its own way."""
+    journal, run = heist
+    proc = start(journal, "fork", run, "--at", "2", "--do", "resample", "-n", "5")
+    deadline = time.monotonic() + 30
+    while not loaded(proc.pid, "msgspec") and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=10)
+    if proc.returncode == 0:
+        return  # it finished before the signal arrived: nothing to interrupt
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert gone_within(proc.pid, 2.0) == []
+
+
+@pytest.fixture(scope="module")
+def long_heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A 1,800-step heist: long enough that re-executing it takes a few seconds."""
+    path = tmp_path_factory.mktemp("interrupts-long") / "j.db"
+    with Journal(path) as j:
+        run = record_heist(j, SimPolicy(), seed=3, rounds=300).run_id
+    return path, run
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "--budget", "2000000"],
+        ["fidelity", "RUN", "-c", "2"],
+        ["fidelity", "RUN"],
+    ],
+    ids=["validate", "fidelity -c 2", "fidelity"],
+)
+def test_ctrl_c_of_validate_and_fidelity(long_heist: tuple[Path, str], argv: list[str]) -> None:
+    """validate and fidelity stop within 2 s of SIGINT with one line and exit 130."""
+    journal, run = long_heist
+    proc = start(journal, *[run if a == "RUN" else a for a in argv])
+    time.sleep(1.2)
+    if proc.poll() is not None:
+        pytest.fail(f"finished before the signal: {proc.communicate()}")
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - t0 < 2.0
+    assert stderr.strip() == "interrupted", stderr
+    assert gone_within(proc.pid, 2.0) == []
