@@ -135,6 +135,26 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+def encode_checked(event: Event) -> bytes:
+    """`encode`, refusing an event that would not read back: its bytes must decode to an event
+    whose encoding is the same bytes (a field of the wrong type, an int msgpack cannot hold, a
+    value no decoder accepts). What the journal stores is therefore always decodable."""
+    from engine.errors import JournalError
+
+    kind = kind_of(event)
+    try:
+        payload = _encoder.encode(event)
+    except (OverflowError, TypeError, ValueError) as e:
+        raise JournalError(f"refusing to journal a {kind} event: {e}") from e
+    try:
+        back = _decoder.decode(payload)
+    except msgspec.DecodeError as e:
+        raise JournalError(f"refusing to journal a {kind} event that would not decode: {e}") from e
+    if _encoder.encode(back) != payload:
+        raise JournalError(f"refusing to journal a {kind} event that does not read back as stored")
+    return payload
+
+
 def kind_of(event: Event) -> str:
     return type(event).__struct_config__.tag  # type: ignore[return-value]
 
