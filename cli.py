@@ -67,10 +67,10 @@ def _main(
     ] = False,
 ) -> None:
     options.journal_target = journal
-    from engine.logging import configure
+    from engine.logging import set_level
 
     # the CLI's own output is the interface; engine logs are for debugging (CAR_LOG_LEVEL=INFO)
-    configure(log_level)
+    set_level(log_level)
 
 
 # ----------------------------------------------------------------- show

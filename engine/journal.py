@@ -32,6 +32,7 @@ from engine.errors import (
     JournalError,
     NotAJournal,
     SchemaTooNew,
+    TamperedJournal,
     UnknownRun,
 )
 
@@ -41,7 +42,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # The Alembic revisions in migrations/versions, oldest first (a test checks they agree with
 # Alembic's own view). Known statically so that opening a journal at the head revision needs
 # neither Alembic nor SQLAlchemy: one SELECT of alembic_version.
-KNOWN_REVISIONS = ("0001_journal_tables", "0002_refuse_rewrites")
+KNOWN_REVISIONS = ("0001_journal_tables", "0002_refuse_rewrites", "0003_texts")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 
@@ -224,6 +225,9 @@ class Journal:
         self._lock = threading.RLock()
         self._lineage_cache: dict[str, list[Segment]] = {}
         self._head_hash: dict[str, tuple[int, str]] = {}
+        self._known_texts: set[bytes] = set()
+        self._pending_texts: dict[bytes, bytes] = {}
+        self._text_cache: dict[bytes, bytes] = {}
         self._engine: Any = None
         self.revision: str | None = None
         if self.is_sqlite:
@@ -582,11 +586,17 @@ class Journal:
         self._writable()
         if payloads is None:
             payloads = [ev.encode_checked(e) for e in events]
-        with self._tx() as cur:
-            head = self._append(cur, run_id, events, expected_seq, payloads)
-            if any(isinstance(e, ev.RunEnded) for e in events):
-                self._release_lease(cur, run_id)
-            return head
+        self._pending_texts = {}
+        try:
+            with self._tx() as cur:
+                head = self._append(cur, run_id, events, expected_seq, payloads)
+                if any(isinstance(e, ev.RunEnded) for e in events):
+                    self._release_lease(cur, run_id)
+        finally:
+            pending, self._pending_texts = self._pending_texts, {}
+        # only texts that are committed may be skipped next time
+        self._known_texts.update(pending)
+        return head
 
     def _append(
         self,
@@ -606,6 +616,7 @@ class Journal:
         rows = chain_rows(run_id, events, seq, prev, payloads)
         seq += len(rows)
         prev = rows[-1][6]
+        rows = self._store_texts(cur, rows)
         try:
             cur.executemany(
                 self._q(
@@ -625,6 +636,51 @@ class Journal:
             raise JournalError(f"append to run {run_id!r} failed: {_first_line(e)}") from e
         self._head_hash[run_id] = (seq - 1, prev)
         return seq
+
+    def _store_texts(self, cur: Any, rows: list[EventRow]) -> list[EventRow]:
+        """Rows in their stored form: long texts moved to `texts` (once per distinct text),
+        payloads holding references. The hashes stay those of the full payloads."""
+        out: list[EventRow] = []
+        new: dict[bytes, bytes] = {}
+        for r in rows:
+            compact, texts = ev.externalize(r[5])
+            for d, body in texts.items():
+                if d not in self._known_texts:
+                    new[d] = body
+            out.append((r[0], r[1], r[2], r[3], r[4], compact, r[6]))
+        if new:
+            if self.is_sqlite:
+                # the no-rewrite trigger refuses a second insert of a key even with OR IGNORE
+                sql = (
+                    "INSERT INTO texts (hash, body) SELECT ?, ?"
+                    " WHERE NOT EXISTS (SELECT 1 FROM texts WHERE hash = ?)"
+                )
+                args: list[tuple[Any, ...]] = [
+                    (ev.text_key(d), b, ev.text_key(d)) for d, b in new.items()
+                ]
+            else:
+                sql = "INSERT INTO texts (hash, body) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+                args = [(ev.text_key(d), b) for d, b in new.items()]
+            cur.executemany(sql, args)
+            self._pending_texts.update(new)
+        return out
+
+    def _text(self, digest: bytes) -> bytes:
+        """A stored text by digest (cached: the same texts come back in every request)."""
+        body = self._text_cache.get(digest)
+        if body is not None:
+            return body
+        with self._read() as cur:
+            cur.execute(self._q("SELECT body FROM texts WHERE hash = ?"), (ev.text_key(digest),))
+            row = cur.fetchone()
+        if row is None:
+            raise TamperedJournal(
+                f"journal {self._where()} lacks text {ev.text_key(digest)} (see `car verify`)"
+            )
+        if len(self._text_cache) > 50_000:
+            self._text_cache.clear()
+        body = self._text_cache[digest] = bytes(row[0])
+        return body
 
     def _writable(self) -> None:
         if self.readonly:
@@ -731,7 +787,10 @@ class Journal:
             cur.execute(self._q(sql), args)
             rows = cur.fetchall()
         for r in rows:
-            yield StoredEvent(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6])
+            payload = bytes(r[5])
+            if r[4] >= 3:  # schema v3 stores references to texts: resolve them
+                payload = ev.resolve(payload, self._text)
+            yield StoredEvent(r[0], r[1], r[2], r[3], r[4], payload, r[6])
 
     def events(self, run_id: str, stop: int | None = None) -> list[ev.AnyEvent]:
         return [s.event for s in self.read(run_id, 0, stop)]

@@ -8,6 +8,8 @@ Layout (see docs/decisions.md):
              payload is the msgpack encoding of the event; hash chains the run.
   snapshots  a cache of folded states s_k, keyed by (run_id, seq); derived, rebuildable, and
              re-derived by `car verify` (a forged snapshot is found, not trusted).
+  texts      each distinct long text once, keyed by its b2: digest (event schema v3); history,
+             append-only like events.
   leases     the one mutable table: which live process writes which run (pid, host, boot id,
              heartbeat). Not history: no chain, no anchor, no triggers.
 """
@@ -63,3 +65,10 @@ class LeaseRow(SQLModel, table=True):
     boot_id: str = Field(max_length=64)
     proc_start: str = Field(max_length=32)
     heartbeat: float = Field(sa_column=Column(Float, nullable=False))
+
+
+class TextRow(SQLModel, table=True):
+    __tablename__ = "texts"
+
+    hash: str = Field(primary_key=True, max_length=80)
+    body: bytes = Field(sa_column=Column(LargeBinary, nullable=False))

@@ -35,6 +35,7 @@ EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "events": ("run_id", "seq", "step", "kind", "version", "payload", "hash"),
     "snapshots": ("run_id", "seq", "fold_version", "state"),
+    "texts": ("hash", "body"),
 }
 
 # the triggers that refuse rewrites, per revision that added them
@@ -52,6 +53,7 @@ _SQLITE_TRIGGERS = {
         "snapshots_no_rewrite",
         "snapshots_no_delete",
     ),
+    "0003_texts": ("texts_no_update", "texts_no_delete", "texts_no_rewrite"),
 }
 _PG_TRIGGERS = {
     "0001_journal_tables": (
@@ -62,6 +64,7 @@ _PG_TRIGGERS = {
         "snapshots_write_once",
     ),
     "0002_refuse_rewrites": ("snapshots_no_delete", "snapshots_no_truncate"),
+    "0003_texts": ("texts_append_only", "texts_no_truncate"),
 }
 MAX_FINDINGS_PER_RUN = 50
 
@@ -139,6 +142,9 @@ class _Checker:
         self.hashes: dict[str, dict[int, str]] = {}
         self.heads: dict[str, int] = {}
         self.broken_runs: set[str] = set()
+        # digest -> the text as stored, and the digests whose text no longer matches its key
+        self.texts: dict[bytes, bytes] = {}
+        self.bad_texts: set[bytes] = set()
 
     # ---------------------------------------------------------------- helpers
 
@@ -179,6 +185,8 @@ class _Checker:
         if run_id is not None:
             info = self.j.run(run_id)  # UnknownRun is a usage error, not a finding
             targets = self.ancestry(runs, info.run_id)
+        if "texts" in tables:
+            self.guarded("the texts table", self.read_texts)
         if {"runs", "events"} <= tables:
             for rid in self.topological(runs, targets):
                 self.guarded(f"run {rid}", self.check_run, runs, rid)
@@ -219,6 +227,11 @@ class _Checker:
     def check_schema(self) -> set[str]:
         usable: set[str] = set()
         for table, cols in EXPECTED_COLUMNS.items():
+            if table == "texts" and self.j.revision in (
+                "0001_journal_tables",
+                "0002_refuse_rewrites",
+            ):
+                continue
             if self.sqlite:
                 rows = self.query("SELECT name FROM pragma_table_info(?)", [table])
             else:
@@ -255,7 +268,7 @@ class _Checker:
             rows = self.query(
                 "SELECT tgname, tgenabled FROM pg_trigger WHERE NOT tgisinternal"
                 " AND tgrelid IN (SELECT oid FROM pg_class WHERE relname IN"
-                " ('events', 'runs', 'snapshots'))"
+                " ('events', 'runs', 'snapshots', 'texts'))"
             )
         have = {str(r[0]): str(r[1]) for r in rows}
         for name in wanted:
@@ -348,6 +361,47 @@ class _Checker:
                 self.add(rid, None, "run is not reachable from a root (parent cycle)", "run_row")
         return order
 
+    # ----------------------------------------------------------------- texts
+
+    def read_texts(self) -> None:
+        """Re-hash every stored text; an altered one is a finding here and at every event
+        that uses it."""
+        rows = self.query(f"SELECT {self.raw('hash')}, {self.raw('body')} FROM texts")
+        for raw_key, body in rows:
+            key, _ok = _text(raw_key)
+            body = bytes(body or b"")
+            try:
+                if not key.startswith(ev.TEXT_PREFIX):
+                    raise ValueError(key)
+                digest = bytes.fromhex(key.removeprefix(ev.TEXT_PREFIX))
+            except ValueError:
+                self.add(None, None, f"texts row with a malformed key {key!r}", "text")
+                continue
+            self.texts[digest] = body
+            if ev.text_digest(body) != digest:
+                self.bad_texts.add(digest)
+                self.add(None, None, f"text {key} altered: its bytes no longer hash to it", "text")
+
+    def resolved(self, rid: str, seq: int, body: bytes) -> bytes | None:
+        """The full bytes of a v3 payload from the texts as stored; None (after a finding) when
+        a reference cannot be read or resolved."""
+        try:
+            refs = ev.refs_of(body)
+        except Exception as e:
+            self.add(rid, seq, f"stored payload does not parse: {e}", "undecodable")
+            return None
+        for d in refs:
+            if d not in self.texts:
+                self.add(rid, seq, f"uses text {ev.text_key(d)}, which is missing", "text")
+                return None
+            if d in self.bad_texts:
+                self.add(rid, seq, f"uses altered text {ev.text_key(d)}", "text")
+        try:
+            return ev.resolve(body, self.texts.__getitem__)
+        except Exception as e:
+            self.add(rid, seq, f"stored payload does not resolve: {e}", "undecodable")
+            return None
+
     # ---------------------------------------------------------------- events
 
     def fork_prev(self, runs: dict[str, _RunRow], info: _RunRow) -> str | None:
@@ -418,6 +472,12 @@ class _Checker:
             if not isinstance(version, int):
                 self.add(rid, seq, f"version cell {version!r} is not an integer", "type")
                 version = -1
+            if version >= 3:
+                full = self.resolved(rid, seq, body)
+                if full is None:
+                    resync, prev, expected = True, stored_hash, seq + 1
+                    continue
+                body = full
             if not resync and chain_hash(prev or "", seq, kind, version, body) != stored_hash:
                 self.add(rid, seq, "hash mismatch: event altered or reordered", "hash")
             resync = False
