@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 from rich.tree import Tree
 
 from engine import projections as views
+from engine.commands import journal as journal_commands
 from engine.commands.common import (
     JsonOpt,
     emit_json,
     fail,
-    journal_target,
     open_journal,
     options,
     out,
@@ -46,8 +45,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-db_app = typer.Typer(help="The journal database itself.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
 
 
 def _print_version(value: bool) -> None:
@@ -85,77 +82,13 @@ def _main(
     ] = False,
 ) -> None:
     options.journal_target = journal
-    from engine.logging import configure
+    from engine.logging import set_level
 
     # the CLI's own output is the interface; engine logs are for debugging (CAR_LOG_LEVEL=INFO)
-    configure(log_level)
+    set_level(log_level)
 
 
-# ----------------------------------------------------------------- db
-
-
-@db_app.command("path")
-def db_path() -> None:
-    """Print where the journal is."""
-    target = journal_target()
-    if "://" in target:
-        out.print(target, highlight=False)
-    else:
-        out.print(str(Path(target).expanduser().resolve()), highlight=False)
-
-
-@db_app.command("upgrade")
-def db_upgrade() -> None:
-    """Create the journal or apply pending schema migrations."""
-    with open_journal() as j:
-        out.print(f"journal schema at revision {j.schema_revision()}", highlight=False)
-
-
-# ----------------------------------------------------------------- runs
-
-
-@app.command("runs")
-def runs_cmd(
-    all_: Annotated[bool, typer.Option("--all", "-a", help="Include forked branches.")] = False,
-    limit: Annotated[
-        int, typer.Option("--limit", "-n", min=1, help="Show at most N root runs (newest).")
-    ] = 20,
-    as_json: JsonOpt = False,
-) -> None:
-    """List recorded runs (newest last); branches are shown under their parents with --all."""
-    with open_journal(create=False) as j:
-        rows = views.list_runs(j, include_branches=all_, limit=limit)
-    if as_json:
-        emit_json(rows)
-        return
-    if not rows:
-        out.print("no runs yet: record one with `car heist`", highlight=False)
-        return
-    table = Table(title=None, box=None, header_style="bold")
-    # ids are what users copy into the next command: never cut them
-    widest = max((2 * r["depth"] + len(r["run_id"]) for r in rows), default=12)
-    table.add_column("run", no_wrap=True, min_width=widest)
-    table.add_column("parent", no_wrap=True, min_width=12 if include_branches_col(rows) else 0)
-    for col in ("@step", "steps", "status", "outcome", "forks"):
-        table.add_column(col, no_wrap=True)
-    for r in rows:
-        indent = "  " * r["depth"]
-        outcome = r.get("outcome") or {}
-        verdict = "" if not outcome else ("bad" if outcome.get("bad") else "ok")
-        table.add_row(
-            indent + r["run_id"],
-            r["parent_run_id"] or "",
-            "" if r["fork_step"] is None else str(r["fork_step"]),
-            str(r["steps"]),
-            r["status"],
-            verdict,
-            str(r["branches"]),
-        )
-    out.print(table)
-
-
-def include_branches_col(rows: list[dict[str, Any]]) -> bool:
-    return any(r["parent_run_id"] for r in rows)
+# ----------------------------------------------------------------- show
 
 
 @app.command("show")
@@ -167,7 +100,7 @@ def show_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a run: its header, transcript, outcome and branch tree."""
-    with open_journal(create=False) as j:
+    with open_journal(create=False, readonly=True) as j:
         data = views.show_run(j, run_id, reveal=reveal)
     if as_json:
         emit_json(data)
@@ -220,7 +153,7 @@ def state_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Reconstruct s_k (the state before step k) from the journal (public unless --reveal)."""
-    with open_journal(create=False) as j:
+    with open_journal(create=False, readonly=True) as j:
         data = views.state_view(j, run_id, at, reveal=reveal)
     if as_json:
         emit_json(data)
@@ -265,39 +198,6 @@ def _print_public_state(at: int, data: dict[str, Any]) -> None:
             f"failed={failed}",
             highlight=False,
             markup=False,
-        )
-
-
-@app.command("verify")
-def verify_cmd(
-    run_id: Annotated[str | None, typer.Argument(help="Only this run (default: all).")] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Re-derive every hash of the chain; exit 0 only when the journal is intact."""
-    with open_journal(create=False) as j:
-        report = j.verify(run_id)
-    if as_json:
-        emit_json(
-            {
-                "ok": report.ok,
-                "runs_checked": report.runs_checked,
-                "events_checked": report.events_checked,
-                "problems": [
-                    {"run_id": p.run_id, "seq": p.seq, "problem": p.problem}
-                    for p in report.problems
-                ],
-            }
-        )
-    elif report.ok:
-        out.print(
-            f"OK: {report.runs_checked} runs, {report.events_checked} events, every hash verified",
-            highlight=False,
-        )
-    if not report.ok:
-        first = report.problems[0]
-        fail(
-            f"journal tampered: run {first.run_id} seq {first.seq}: {first.problem}"
-            + (f" (+{len(report.problems) - 1} more runs)" if len(report.problems) > 1 else "")
         )
 
 
@@ -504,6 +404,9 @@ from engine.commands import traces as _traces
 
 for _group in (counterfactual, _detect_commands, _traces, _serve):
     _group.register(app)
+
+
+journal_commands.register(app)
 
 
 def main() -> None:

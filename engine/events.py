@@ -10,16 +10,28 @@ Schema-evolution rule (written down because journals outlive code):
 Version history:
   1 -> 2: `tool_result` carried one `text` field that held either the output or the error
           message; version 2 separates `output` and `error` so failures are machine-readable.
+  2 -> 3: the *stored* payload may hold text references: every string of at least
+          `MIN_TEXT` bytes (LLM requests' messages, responses, long tool output ...) is replaced
+          by a msgpack extension `TEXT_EXT` carrying the 32-byte blake2b digest of its UTF-8
+          bytes, the text itself kept once in the journal's `texts` table. The event shapes do
+          not change: the journal resolves the references back into the v2-shaped bytes before
+          anything decodes them, so the upcaster from 2 is the identity.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any, Union, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# from this version on the event shapes are those of today's Structs (3 only changed storage)
+SAME_SHAPE_SINCE = 2
+TEXT_EXT = 1
+MIN_TEXT = 64
+TEXT_PREFIX = "b2:"
 
 
 class Event(msgspec.Struct, frozen=True, tag_field="kind", kw_only=True, omit_defaults=True):
@@ -135,6 +147,26 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+def encode_checked(event: Event) -> bytes:
+    """`encode`, refusing an event that would not read back: its bytes must decode to an event
+    whose encoding is the same bytes (a field of the wrong type, an int msgpack cannot hold, a
+    value no decoder accepts). What the journal stores is therefore always decodable."""
+    from engine.errors import JournalError
+
+    kind = kind_of(event)
+    try:
+        payload = _encoder.encode(event)
+    except (OverflowError, TypeError, ValueError) as e:
+        raise JournalError(f"refusing to journal a {kind} event: {e}") from e
+    try:
+        back = _decoder.decode(payload)
+    except msgspec.DecodeError as e:
+        raise JournalError(f"refusing to journal a {kind} event that would not decode: {e}") from e
+    if _encoder.encode(back) != payload:
+        raise JournalError(f"refusing to journal a {kind} event that does not read back as stored")
+    return payload
+
+
 def kind_of(event: Event) -> str:
     return type(event).__struct_config__.tag  # type: ignore[return-value]
 
@@ -175,14 +207,14 @@ _fold_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
 
 def decode_for_fold(payload: bytes, version: int = SCHEMA_VERSION) -> Event:
     """Decode a stored payload for the state fold (LLM calls without request and response)."""
-    if version == SCHEMA_VERSION:
+    if SAME_SHAPE_SINCE <= version <= SCHEMA_VERSION:
         return _fold_decoder.decode(payload)  # type: ignore[no-any-return]
     return decode(payload, version)
 
 
 def decode(payload: bytes, version: int = SCHEMA_VERSION) -> AnyEvent:
-    """Decode a stored payload, upcasting it first when it was written by an older schema."""
-    if version == SCHEMA_VERSION:
+    """Decode a (resolved) payload, upcasting it first when it was written by an older schema."""
+    if SAME_SHAPE_SINCE <= version <= SCHEMA_VERSION:
         return _decoder.decode(payload)
     if version > SCHEMA_VERSION:
         from engine.errors import SchemaTooNew
@@ -197,3 +229,67 @@ def decode(payload: bytes, version: int = SCHEMA_VERSION) -> AnyEvent:
         if up is not None:
             raw = up(raw)
     return msgspec.convert(raw, AnyEvent)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ text references
+
+
+def text_digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=32).digest()
+
+
+def text_key(digest: bytes) -> str:
+    """The `texts` table's key of a digest: algorithm prefix and hex, like the chain's hashes."""
+    return TEXT_PREFIX + digest.hex()
+
+
+def externalize(payload: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+    """The stored form of an encoded event and the texts it refers to: every string of at
+    least MIN_TEXT bytes becomes a reference (digest -> UTF-8 bytes). Unchanged bytes when the
+    event holds no such string."""
+    texts: dict[bytes, bytes] = {}
+    if len(payload) < MIN_TEXT:
+        return payload, texts  # too short to hold a long text
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            if len(v) < MIN_TEXT // 4 or len(body := v.encode()) < MIN_TEXT:
+                return v
+            d = text_digest(body)
+            texts[d] = body
+            return msgspec.msgpack.Ext(TEXT_EXT, d)
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+
+    raw = _raw_decoder.decode(payload)
+    out = {k: (x if k == "kind" else walk(x)) for k, x in raw.items()}
+    if not texts:
+        return payload, texts
+    return _encoder.encode(out), texts
+
+
+def refs_of(stored: bytes) -> list[bytes]:
+    """The digests a stored payload refers to, in order."""
+    found: list[bytes] = []
+
+    def hook(code: int, data: memoryview) -> Any:
+        found.append(bytes(data))
+        return None
+
+    msgspec.msgpack.Decoder(ext_hook=hook).decode(stored)
+    return found
+
+
+def resolve(stored: bytes, text: Callable[[bytes], bytes]) -> bytes:
+    """The full (v2-shaped) bytes of a stored payload: each reference replaced by its text,
+    fetched with `text(digest)`. These are the bytes the hash chain covers."""
+
+    def hook(code: int, data: memoryview) -> Any:
+        if code != TEXT_EXT:
+            raise ValueError(f"unknown msgpack extension {code}")
+        return text(bytes(data)).decode()
+
+    return _encoder.encode(msgspec.msgpack.Decoder(ext_hook=hook).decode(stored))

@@ -8,35 +8,42 @@ Alembic) and the connection, not every row.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import sqlite3
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DatabaseError as SADatabaseError
-from sqlalchemy.exc import OperationalError as SAOperationalError
 
 from engine import events as ev
+
+if TYPE_CHECKING:
+    from engine.verify import VerifyReport
 from engine.errors import (
     ConcurrencyError,
     InterventionError,
     JournalError,
     NotAJournal,
     SchemaTooNew,
+    TamperedJournal,
     UnknownRun,
 )
 
 HASH_PREFIX = "b2:"
 DEFAULT_JOURNAL = Path("recordings") / "journal.db"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# The Alembic revisions in migrations/versions, oldest first (a test checks they agree with
+# Alembic's own view). Known statically so that opening a journal at the head revision needs
+# neither Alembic nor SQLAlchemy: one SELECT of alembic_version.
+KNOWN_REVISIONS = ("0001_journal_tables", "0002_refuse_rewrites", "0003_texts")
+HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 
 def default_journal_url() -> str:
@@ -67,12 +74,20 @@ def chain_hash(prev: str, seq: int, kind: str, version: int, payload: bytes) -> 
 EventRow = tuple[str, int, int | None, str, int, bytes, str]
 
 
-def chain_rows(run_id: str, events: Sequence[ev.Event], seq: int, prev: str) -> list[EventRow]:
+def chain_rows(
+    run_id: str,
+    events: Sequence[ev.Event],
+    seq: int,
+    prev: str,
+    payloads: Sequence[bytes] | None = None,
+) -> list[EventRow]:
     """The rows that append writes for `events` at `seq` after hash `prev`: payload bytes and
-    the hash chain, in column order (run_id, seq, step, kind, version, payload, hash)."""
+    the hash chain, in column order (run_id, seq, step, kind, version, payload, hash).
+
+    `payloads`, when given, are the events' bytes already produced by `ev.encode_checked`."""
     rows: list[EventRow] = []
-    for e in events:
-        payload = ev.encode(e)
+    for i, e in enumerate(events):
+        payload = payloads[i] if payloads is not None else ev.encode_checked(e)
         kind = ev.kind_of(e)
         h = chain_hash(prev, seq, kind, ev.SCHEMA_VERSION, payload)
         rows.append((run_id, seq, e.step, kind, ev.SCHEMA_VERSION, payload, h))
@@ -116,20 +131,67 @@ class Segment:
     stop: int | None
 
 
-class VerifyProblem(msgspec.Struct, frozen=True):
-    run_id: str
-    seq: int
-    problem: str
+# A run whose writer has not refreshed its lease for this long is abandoned in the eyes of a
+# reader on another host (one on the same host checks the writer's pid directly).
+LEASE_TTL = 120.0
+HEARTBEAT_EVERY = 20.0
 
 
-class VerifyReport(msgspec.Struct, frozen=True):
-    runs_checked: int
-    events_checked: int
-    problems: list[VerifyProblem]
+class Lease(msgspec.Struct, frozen=True):
+    """Who writes a run: a process (pid and its start time) on a host since a boot."""
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+    pid: int
+    host: str
+    boot_id: str
+    proc_start: str
+    heartbeat: float
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _proc_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux), "" where unknown; with the
+    pid it names one process even after the pid is reused."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    if not stat:
+        return ""
+    # the command name (field 2) may hold spaces; the fields after its ")" are plain
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+@functools.cache
+def _boot_id() -> str:
+    return _read_text("/proc/sys/kernel/random/boot_id")
+
+
+def _this_process() -> Lease:
+    import socket
+
+    pid = os.getpid()
+    return Lease(pid, socket.gethostname(), _boot_id(), _proc_start(pid), 0.0)
+
+
+def _process_alive(pid: int, proc_start: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    if proc_start:
+        now = _proc_start(pid)
+        if now and now != proc_start:
+            return False  # the pid was reused by another process
+        if not now and os.path.isdir("/proc"):
+            return False
+    return True
 
 
 def _new_run_id() -> str:
@@ -137,7 +199,11 @@ def _new_run_id() -> str:
 
 
 class Journal:
-    """An open journal. Thread-safe for appends (one writer connection guarded by a lock)."""
+    """An open journal. Thread-safe for appends (one writer connection guarded by a lock).
+
+    `readonly=True` opens without ever writing: a SQLite file is opened `mode=ro`, nothing is
+    migrated, no pragma that changes the file is set, and lazily built snapshots are not stored.
+    A file that is not already a journal is refused untouched in either mode."""
 
     def __init__(
         self,
@@ -145,106 +211,164 @@ class Journal:
         *,
         upgrade: bool = True,
         create: bool = True,
+        readonly: bool = False,
         ids: Callable[[], str] = _new_run_id,
         clock: Callable[[], str] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.url = _to_url(target if target is not None else default_journal_url())
         self.is_sqlite = self.url.startswith("sqlite")
+        self.readonly = readonly
         self._ids = ids
         self._clock = clock or _utc_now
+        self._wall = wall
         self._lock = threading.RLock()
         self._lineage_cache: dict[str, list[Segment]] = {}
         self._head_hash: dict[str, tuple[int, str]] = {}
+        self._known_texts: set[bytes] = set()
+        self._pending_texts: dict[bytes, bytes] = {}
+        self._text_cache: dict[bytes, bytes] = {}
+        self._engine: Any = None
+        self.revision: str | None = None
         if self.is_sqlite:
-            path = Path(self.url.removeprefix("sqlite:///"))
-            self.path: Path | None = path
-            if not path.exists():
-                if not create:
-                    raise JournalError(f"no journal at {str(path)!r}")
-                path.parent.mkdir(parents=True, exist_ok=True)
-            elif path.is_dir():
-                raise NotAJournal(f"{str(path)!r} is a directory, not a journal file")
+            self.path: Path | None = Path(self.url.removeprefix("sqlite:///"))
+            self._conn: Any = self._open_sqlite(create and not readonly, upgrade)
         else:
             self.path = None
-        self.engine: Engine = self._make_engine()
-        try:
-            self._check_and_upgrade(upgrade)
-            self._conn = self.engine.raw_connection()
-        except (SADatabaseError, sqlite3.DatabaseError) as e:
-            self.engine.dispose()
-            raise NotAJournal(f"{self._where()} is not a journal: {_first_line(e)}") from e
+            self._conn = self._open_server(create and not readonly, upgrade)
 
     # ------------------------------------------------------------------ setup
 
     def _where(self) -> str:
         return repr(str(self.path)) if self.path is not None else repr(_redact(self.url))
 
-    def _make_engine(self) -> Engine:
-        if self.is_sqlite:
-            eng = create_engine(self.url, connect_args={"isolation_level": None, "timeout": 30})
-
-            @event.listens_for(eng, "connect")
-            def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
-                cur = dbapi_conn.cursor()
-                # 8 KiB pages fit ~1 KB events with less slack; only a new, empty file takes it
-                cur.execute("PRAGMA page_size=8192")
-                cur.execute("PRAGMA journal_mode=WAL")
-                cur.execute("PRAGMA synchronous=NORMAL")
-                cur.execute("PRAGMA foreign_keys=ON")
-                cur.execute("PRAGMA busy_timeout=30000")
-                cur.close()
-
-            return eng
+    def _open_sqlite(self, create: bool, upgrade: bool) -> sqlite3.Connection:
+        path = self.path
+        assert path is not None
+        if not path.exists():
+            if not create:
+                raise JournalError(f"no journal at {str(path)!r}")
+            _create_sqlite_journal(path)
+        elif path.is_dir():
+            raise NotAJournal(f"{str(path)!r} is a directory, not a journal file")
+        elif path.stat().st_size == 0:
+            raise NotAJournal(
+                f"{str(path)!r} is an empty file, not a journal (remove it to create one there)"
+            )
         try:
-            return create_engine(self.url, pool_pre_ping=True)
+            if self.readonly:
+                conn = sqlite3.connect(
+                    f"{path.as_uri()}?mode=ro",
+                    uri=True,
+                    isolation_level=None,
+                    timeout=30,
+                    check_same_thread=False,
+                )
+                conn.execute("PRAGMA query_only=ON")
+            else:
+                conn = sqlite3.connect(
+                    path, isolation_level=None, timeout=30, check_same_thread=False
+                )
+            conn.execute("PRAGMA busy_timeout=30000")
+            current = self._sqlite_revision(conn)
+        except sqlite3.DatabaseError as e:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise NotAJournal(f"{self._where()} is not a journal: {_first_line(e)}") from e
+        try:
+            if current is None:
+                if not create:
+                    raise NotAJournal(f"{self._where()} is an empty database, not a journal")
+                # an empty SQLite database (no tables at all): becomes a journal in one
+                # transaction; WAL is switched on only once it is one
+                _migrate_sqlite(conn, self._where())
+            elif current != HEAD_REVISION and upgrade and not self.readonly:
+                _migrate_sqlite(conn, self._where())
+            if not self.readonly:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA foreign_keys=ON")
+            self.revision = self._sqlite_revision(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _sqlite_revision(self, conn: sqlite3.Connection) -> str | None:
+        """The stored schema revision, read directly (no Alembic on the way in)."""
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return _revision_of(names, conn.execute, self._where())
+
+    def _open_server(self, create: bool, upgrade: bool) -> Any:
+        from sqlalchemy import create_engine
+        from sqlalchemy.exc import DatabaseError as SADatabaseError
+
+        try:
+            self._engine = create_engine(self.url, pool_pre_ping=True)
         except Exception as e:  # bad URL or missing driver
             raise JournalError(f"cannot use journal URL {_redact(self.url)!r}: {e}") from e
-
-    def _check_and_upgrade(self, upgrade: bool) -> None:
-        from alembic import command
-        from alembic.config import Config
-        from alembic.runtime.migration import MigrationContext
-        from alembic.script import ScriptDirectory
-
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-        script = ScriptDirectory.from_config(cfg)
-        known = {rev.revision for rev in script.walk_revisions()}
-        head = script.get_current_head()
         try:
-            conn_cm = self.engine.connect()
-        except SAOperationalError as e:
+            raw = self._engine.raw_connection()
+        except SADatabaseError as e:
+            self._engine.dispose()
             raise JournalError(f"cannot open journal {self._where()}: {_first_line(e)}") from e
-        with conn_cm as conn:
-            current = MigrationContext.configure(conn).get_current_revision()
-            if current is None:
-                tables = set(conn.dialect.get_table_names(conn))
-                if tables - {"alembic_version"}:
-                    raise NotAJournal(
-                        f"{self._where()} is not a journal: it holds tables "
-                        f"{sorted(tables)!r} but no journal schema"
-                    )
-            elif current not in known:
-                raise SchemaTooNew(
-                    f"journal {self._where()} has schema revision {current!r}, newer than this "
-                    f"engine knows (latest {head!r}); upgrade causal-agent-replay"
-                )
-            if current != head and upgrade:
-                cfg.attributes["connection"] = conn
-                command.upgrade(cfg, "head")
-                if conn.in_transaction():
-                    conn.commit()
+        try:
+            current = self._server_revision(raw)
+            if (current is None and create) or (
+                current is not None and current != HEAD_REVISION and upgrade and create
+            ):
+                raw.rollback()
+                self._migrate_server()
+            elif current is None:
+                raise NotAJournal(f"{self._where()} holds no journal schema")
+            raw.rollback()
+            self.revision = self._server_revision(raw)
+            raw.rollback()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                raw.close()
+            self._engine.dispose()
+            raise
+        return raw
+
+    def _server_revision(self, raw: Any) -> str | None:
+        cur = raw.cursor()
+        try:
+            cur.execute(
+                "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = current_schema()"
+            )
+            names = {r[0] for r in cur.fetchall()}
+
+            def run(sql: str) -> Any:
+                cur.execute(sql)
+                return cur
+
+            return _revision_of(names, run, self._where())
+        finally:
+            cur.close()
+
+    def _migrate_server(self) -> None:
+        """Create or upgrade the schema in one transaction, under an advisory lock so that
+        concurrent first opens wait for each other instead of racing on CREATE TABLE."""
+        from sqlalchemy import text
+
+        with self._engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(7203518841)"))
+            names = set(conn.dialect.get_table_names(conn))
+            current = _revision_of(names, lambda sql: conn.exec_driver_sql(sql), self._where())
+            if current != HEAD_REVISION:
+                _alembic_upgrade(conn)
+            conn.commit()
 
     def schema_revision(self) -> str | None:
-        from alembic.runtime.migration import MigrationContext
-
-        with self.engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+        return self.revision
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._conn.close()
-        self.engine.dispose()
+        if self._engine is not None:
+            self._engine.dispose()
 
     def __enter__(self) -> Journal:
         return self
@@ -304,6 +428,7 @@ class Journal:
     ) -> str:
         """Insert a runs row. A fork is a run with a parent pointer: O(1), nothing copied."""
         rid = run_id or self._ids()
+        self._writable()
         with self._tx() as cur:
             root = rid
             if parent_run_id is not None:
@@ -325,6 +450,8 @@ class Journal:
                 ),
                 (rid, parent_run_id, fork_seq, root, scenario, self._clock(), label),
             )
+            # the creating process is the run's writer until a recorder takes over or it ends
+            self._put_lease(cur, rid)
         return rid
 
     def fork(self, parent_run_id: str, fork_seq: int, *, label: str = "") -> str:
@@ -419,6 +546,11 @@ class Journal:
         with self._read() as cur:
             return self._head(cur, info.run_id)
 
+    def hash_at(self, run_id: str, seq: int) -> str:
+        """The chain hash of event `seq` of the run's history ("" before the first event)."""
+        with self._read() as cur:
+            return self._hash_at(cur, run_id, seq)
+
     def _hash_at(self, cur: Any, run_id: str, seq: int) -> str:
         if seq < 0:
             return ""
@@ -436,19 +568,43 @@ class Journal:
         return self.lineage(run_id)[0].run_id
 
     def append(
-        self, run_id: str, events: Sequence[ev.Event], expected_seq: int | None = None
+        self,
+        run_id: str,
+        events: Sequence[ev.Event],
+        expected_seq: int | None = None,
+        *,
+        payloads: Sequence[bytes] | None = None,
     ) -> int:
         """Append one step's events atomically; returns the new head.
 
         `expected_seq` is the seq the caller believes is next (optimistic concurrency): a writer
-        that lost the race gets ConcurrencyError and nothing of its step is written."""
+        that lost the race gets ConcurrencyError and nothing of its step is written. Every event
+        must read back as stored (`ev.encode_checked`), else JournalError and nothing is written.
+        A `RunEnded` releases the run's writer lease in the same transaction."""
         if not events:
             return expected_seq if expected_seq is not None else self.head(run_id)
-        with self._tx() as cur:
-            return self._append(cur, run_id, events, expected_seq)
+        self._writable()
+        if payloads is None:
+            payloads = [ev.encode_checked(e) for e in events]
+        self._pending_texts = {}
+        try:
+            with self._tx() as cur:
+                head = self._append(cur, run_id, events, expected_seq, payloads)
+                if any(isinstance(e, ev.RunEnded) for e in events):
+                    self._release_lease(cur, run_id)
+        finally:
+            pending, self._pending_texts = self._pending_texts, {}
+        # only texts that are committed may be skipped next time
+        self._known_texts.update(pending)
+        return head
 
     def _append(
-        self, cur: Any, run_id: str, events: Sequence[ev.Event], expected_seq: int | None
+        self,
+        cur: Any,
+        run_id: str,
+        events: Sequence[ev.Event],
+        expected_seq: int | None,
+        payloads: Sequence[bytes] | None = None,
     ) -> int:
         seq = expected_seq if expected_seq is not None else self._head(cur, run_id)
         cached = self._head_hash.get(run_id)
@@ -457,9 +613,10 @@ class Journal:
             if seq > 0 and not self.lineage(run_id):
                 raise UnknownRun(f"unknown run id {run_id!r}")
             prev = self._hash_at(cur, run_id, seq - 1) if seq > 0 else ""
-        rows = chain_rows(run_id, events, seq, prev)
+        rows = chain_rows(run_id, events, seq, prev, payloads)
         seq += len(rows)
         prev = rows[-1][6]
+        rows = self._store_texts(cur, rows)
         try:
             cur.executemany(
                 self._q(
@@ -479,6 +636,132 @@ class Journal:
             raise JournalError(f"append to run {run_id!r} failed: {_first_line(e)}") from e
         self._head_hash[run_id] = (seq - 1, prev)
         return seq
+
+    def _store_texts(self, cur: Any, rows: list[EventRow]) -> list[EventRow]:
+        """Rows in their stored form: long texts moved to `texts` (once per distinct text),
+        payloads holding references. The hashes stay those of the full payloads."""
+        out: list[EventRow] = []
+        new: dict[bytes, bytes] = {}
+        for r in rows:
+            compact, texts = ev.externalize(r[5])
+            for d, body in texts.items():
+                if d not in self._known_texts:
+                    new[d] = body
+            out.append((r[0], r[1], r[2], r[3], r[4], compact, r[6]))
+        if new:
+            if self.is_sqlite:
+                # the no-rewrite trigger refuses a second insert of a key even with OR IGNORE
+                sql = (
+                    "INSERT INTO texts (hash, body) SELECT ?, ?"
+                    " WHERE NOT EXISTS (SELECT 1 FROM texts WHERE hash = ?)"
+                )
+                args: list[tuple[Any, ...]] = [
+                    (ev.text_key(d), b, ev.text_key(d)) for d, b in new.items()
+                ]
+            else:
+                sql = "INSERT INTO texts (hash, body) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+                args = [(ev.text_key(d), b) for d, b in new.items()]
+            cur.executemany(sql, args)
+            self._pending_texts.update(new)
+        return out
+
+    def _text(self, digest: bytes) -> bytes:
+        """A stored text by digest (cached: the same texts come back in every request)."""
+        body = self._text_cache.get(digest)
+        if body is not None:
+            return body
+        with self._read() as cur:
+            cur.execute(self._q("SELECT body FROM texts WHERE hash = ?"), (ev.text_key(digest),))
+            row = cur.fetchone()
+        if row is None:
+            raise TamperedJournal(
+                f"journal {self._where()} lacks text {ev.text_key(digest)} (see `car verify`)"
+            )
+        if len(self._text_cache) > 50_000:
+            self._text_cache.clear()
+        body = self._text_cache[digest] = bytes(row[0])
+        return body
+
+    def _writable(self) -> None:
+        if self.readonly:
+            raise JournalError(f"journal {self._where()} is open read-only")
+
+    # ---------------------------------------------------------------- leases
+
+    def acquire_lease(self, run_id: str) -> None:
+        """Record this process as the run's writer (replacing a previous writer's lease)."""
+        self._writable()
+        with self._tx() as cur:
+            self._put_lease(cur, run_id)
+
+    def _put_lease(self, cur: Any, run_id: str) -> None:
+        me = _this_process()
+        cur.execute(self._q("DELETE FROM leases WHERE run_id = ?"), (run_id,))
+        cur.execute(
+            self._q(
+                "INSERT INTO leases (run_id, pid, host, boot_id, proc_start, heartbeat)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+            ),
+            (run_id, me.pid, me.host, me.boot_id, me.proc_start, self._wall()),
+        )
+
+    def heartbeat(self, run_id: str) -> None:
+        """Refresh this process's lease on the run (what a reader on another host goes by)."""
+        me = _this_process()
+        with self._tx() as cur:
+            cur.execute(
+                self._q(
+                    "UPDATE leases SET heartbeat = ? WHERE run_id = ? AND pid = ? AND host = ?"
+                ),
+                (self._wall(), run_id, me.pid, me.host),
+            )
+
+    def _release_lease(self, cur: Any, run_id: str) -> None:
+        cur.execute(self._q("DELETE FROM leases WHERE run_id = ?"), (run_id,))
+
+    def lease(self, run_id: str) -> Lease | None:
+        """The run's writer lease, None if it has none (ended, or recorded before leases)."""
+        if self.revision == "0001_journal_tables":
+            return None
+        with self._read() as cur:
+            cur.execute(
+                self._q(
+                    "SELECT pid, host, boot_id, proc_start, heartbeat FROM leases WHERE run_id = ?"
+                ),
+                (run_id,),
+            )
+            row = cur.fetchone()
+        if row is None:
+            return None
+        return Lease(int(row[0]), str(row[1]), str(row[2]), str(row[3]), float(row[4]))
+
+    def writer_gone(self, lease: Lease) -> bool:
+        """True when the lease's process is certainly dead: same host and boot, and no process
+        with that pid and start time; a rebooted host; or, seen from another host, a heartbeat
+        older than LEASE_TTL seconds."""
+        me = _this_process()
+        if lease.host == me.host:
+            if lease.boot_id and me.boot_id and lease.boot_id != me.boot_id:
+                return True
+            return not _process_alive(lease.pid, lease.proc_start)
+        return self._wall() - lease.heartbeat > LEASE_TTL
+
+    def close_abandoned(self, run_id: str) -> str:
+        """Close a run whose writer is gone: append Control(stop) and RunEnded(stopped), the
+        reason naming the writer. Returns the error text recorded."""
+        info = self.run(run_id)
+        if self.status(info.run_id) != "abandoned":
+            raise JournalError(f"run {info.run_id!r} is {self.status(info.run_id)}, not abandoned")
+        lease = self.lease(info.run_id)
+        assert lease is not None
+        why = f"abandoned: writer pid {lease.pid} on {lease.host} gone"
+        head = self.head(info.run_id)
+        self.append(
+            info.run_id,
+            [ev.Control(action="stop", reason=why), ev.RunEnded(status="stopped", error=why)],
+            head,
+        )
+        return why
 
     # ------------------------------------------------------------------ read
 
@@ -504,7 +787,10 @@ class Journal:
             cur.execute(self._q(sql), args)
             rows = cur.fetchall()
         for r in rows:
-            yield StoredEvent(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6])
+            payload = bytes(r[5])
+            if r[4] >= 3:  # schema v3 stores references to texts: resolve them
+                payload = ev.resolve(payload, self._text)
+            yield StoredEvent(r[0], r[1], r[2], r[3], r[4], payload, r[6])
 
     def events(self, run_id: str, stop: int | None = None) -> list[ev.AnyEvent]:
         return [s.event for s in self.read(run_id, 0, stop)]
@@ -553,29 +839,51 @@ class Journal:
         return next(self.read(run_id, head - 1, head), None)
 
     def status(self, run_id: str) -> str:
-        """recording | paused | completed | stopped | failed, derived from the last events."""
-        head = self.head(run_id)
+        """recording | paused | completed | stopped | failed, derived from the last events;
+        abandoned for a run still open whose writer process is gone (see `writer_gone`)."""
+        info = self.run(run_id)
+        head = self.head(info.run_id)
+        found = "recording"
         # an accusation may follow RunEnded; look past it
-        for stored in reversed(list(self.read(run_id, max(0, head - 3), head))):
+        for stored in reversed(list(self.read(info.run_id, max(0, head - 3), head))):
             e = stored.event
             if isinstance(e, ev.SuspicionDeclared):
                 continue
             if isinstance(e, ev.RunEnded):
                 return e.status
             if isinstance(e, ev.Control) and e.action == "pause":
-                return "paused"
-            return "recording"
-        return "recording"
+                found = "paused"
+            break
+        lease = self.lease(info.run_id)
+        if lease is not None and self.writer_gone(lease):
+            return "abandoned"
+        return found
 
     # ------------------------------------------------------------- snapshots
 
     def put_snapshot(self, run_id: str, seq: int, fold_version: int, state: bytes) -> None:
-        sql = (
-            "INSERT INTO snapshots (run_id, seq, fold_version, state) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING"
-        )
+        """Store a folded state once (a no-op when it exists, or when the journal is read-only:
+        snapshots are a cache that readers must not write)."""
+        if self.readonly:
+            return
+        owner = self._owner(run_id, seq - 1)
+        if self.is_sqlite:
+            # the no-rewrite trigger refuses even INSERT .. ON CONFLICT DO NOTHING of an
+            # existing key, so look first (inside the write lock, so nobody can come between)
+            sql = (
+                "INSERT INTO snapshots (run_id, seq, fold_version, state) SELECT ?, ?, ?, ?"
+                " WHERE NOT EXISTS (SELECT 1 FROM snapshots WHERE run_id = ? AND seq = ?"
+                " AND fold_version = ?)"
+            )
+            args: tuple[Any, ...] = (owner, seq, fold_version, state, owner, seq, fold_version)
+        else:
+            sql = (
+                "INSERT INTO snapshots (run_id, seq, fold_version, state) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING"
+            )
+            args = (owner, seq, fold_version, state)
         with self._tx() as cur:
-            cur.execute(self._q(sql), (self._owner(run_id, seq - 1), seq, fold_version, state))
+            cur.execute(self._q(sql), args)
 
     def nearest_snapshot(
         self, run_id: str, seq: int, fold_version: int
@@ -601,54 +909,112 @@ class Journal:
     # ---------------------------------------------------------------- verify
 
     def verify(self, run_id: str | None = None) -> VerifyReport:
-        """Re-derive every hash; report the first altered, removed or reordered event per run."""
-        targets = [self.run(run_id)] if run_id is not None else self.runs()
-        problems: list[VerifyProblem] = []
-        n_events = 0
-        for info in targets:
-            start = info.fork_seq or 0
-            try:
-                prev = ""
-                if info.parent_run_id is not None and start > 0:
-                    with self._read() as cur:
-                        prev = self._hash_at(cur, info.parent_run_id, start - 1)
-            except JournalError:
-                problems.append(
-                    VerifyProblem(info.run_id, start - 1, "fork point missing from the parent")
-                )
-                continue
-            expected = start
-            for se in self._read_segment(info.run_id, 0, None):
-                n_events += 1
-                if se.seq != expected:
-                    what = "removed" if se.seq > expected else "out of place"
-                    problems.append(
-                        VerifyProblem(info.run_id, expected, f"event {what} (next seq {se.seq})")
-                    )
-                    break
-                h = chain_hash(prev, se.seq, se.kind, se.version, se.payload)
-                if h != se.hash:
-                    problems.append(
-                        VerifyProblem(
-                            info.run_id, se.seq, "hash mismatch: event altered or reordered"
-                        )
-                    )
-                    break
-                try:
-                    decoded = se.event
-                    if ev.kind_of(decoded) != se.kind:
-                        raise ValueError("kind column disagrees with payload")
-                except Exception as e:
-                    problems.append(VerifyProblem(info.run_id, se.seq, f"undecodable payload: {e}"))
-                    break
-                prev = se.hash
-                expected += 1
-        return VerifyReport(len(targets), n_events, problems)
+        """Re-derive every hash and check every row (engine.verify); never writes."""
+        from engine.verify import verify_journal
+
+        return verify_journal(self, run_id)
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """A raw read (with `?` placeholders) for verifiers and tools that check the store
+        itself; never writes (the journal's own connection, no transaction left open)."""
+        with self._read() as cur:
+            cur.execute(self._q(sql), tuple(args))
+            return [tuple(r) for r in cur.fetchall()]
 
     def checkpoint(self) -> None:
-        if self.is_sqlite:
+        if self.is_sqlite and not self.readonly:
             with self._read() as cur:
                 cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _revision_of(names: set[str], run: Callable[[str], Any], where: str) -> str | None:
+    """The journal revision of a database whose tables are `names`; None for an empty one.
+
+    Raises NotAJournal for a database that holds something else, SchemaTooNew for a journal
+    written by a newer engine."""
+    if "alembic_version" not in names:
+        if names:
+            raise NotAJournal(
+                f"{where} is not a journal: it holds tables {sorted(names)!r} but no journal schema"
+            )
+        return None
+    rows = run("SELECT version_num FROM alembic_version").fetchall()
+    current = str(rows[0][0]) if rows else None
+    if current is None:
+        if names - {"alembic_version"}:
+            raise NotAJournal(f"{where} is not a journal: it holds tables {sorted(names)!r}")
+        return None
+    if current not in KNOWN_REVISIONS:
+        if not {"events", "runs"} <= names:
+            raise NotAJournal(f"{where} is not a journal: schema revision {current!r} is not ours")
+        raise SchemaTooNew(
+            f"journal {where} has schema revision {current!r}, newer than this engine knows "
+            f"(latest {HEAD_REVISION!r}); upgrade causal-agent-replay"
+        )
+    return current
+
+
+def _alembic_upgrade(sa_conn: Any) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = sa_conn
+    command.upgrade(cfg, "head")
+
+
+def _migrate_sqlite(conn: sqlite3.Connection, where: str) -> None:
+    """Bring a SQLite journal to the head revision in ONE transaction (SQLite's DDL is
+    transactional): a kill leaves the old revision whole, and a concurrent opener waits on the
+    write lock, then finds the work done."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import StaticPool
+
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if _revision_of(names, conn.execute, where) != HEAD_REVISION:
+            eng = create_engine(
+                "sqlite://", creator=lambda: conn, poolclass=StaticPool, pool_reset_on_return=None
+            )
+            with eng.connect() as sa_conn:
+                _alembic_upgrade(sa_conn)
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _create_sqlite_journal(path: Path) -> None:
+    """Create a new journal file atomically: built under a private name, then linked into place
+    (link fails if the name exists), so a kill never leaves a half-made journal and concurrent
+    first opens all end up using the one that won."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.creating-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            # 8 KiB pages fit ~1 KB events with less slack; only a new, empty file takes it
+            conn.execute("PRAGMA page_size=8192")
+            conn.execute("PRAGMA journal_mode=WAL")
+            _migrate_sqlite(conn, repr(str(path)))
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process created it first: use theirs
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{tmp}{suffix}")
 
 
 def _utc_now() -> str:
@@ -684,6 +1050,7 @@ def _is_unique_violation(e: BaseException) -> bool:
     return (
         "unique constraint" in text
         or "duplicate key" in text
+        or "row already exists" in text  # the journal's own no-rewrite trigger (SQLite)
         or (getattr(e, "sqlstate", None) == "23505")
     )
 

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
-import structlog
+if TYPE_CHECKING:
+    import structlog
 
 _configured = False
+_level = "WARNING"
 
 
-def configure(level: str = "WARNING") -> None:
-    """Log key=value lines to stderr at `level`; safe to call more than once."""
-    global _configured
+def set_level(level: str) -> None:
+    """Check and remember the level; structlog is configured with it on first use, so a
+    command that never logs never imports structlog (a third of a short command's start-up)."""
+    global _level
+    _level = _checked(level)
+    if _configured:
+        configure()
+
+
+def _checked(level: str) -> str:
     name = level.upper()
     if name not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         from engine.errors import ConfigError
@@ -20,6 +30,17 @@ def configure(level: str = "WARNING") -> None:
         raise ConfigError(
             f"unknown log level {level!r}; expected DEBUG, INFO, WARNING, ERROR or CRITICAL"
         )
+    return name
+
+
+def configure(level: str | None = None) -> None:
+    """Log key=value lines to stderr at `level`; safe to call more than once."""
+    global _configured, _level
+    import structlog
+
+    if level is not None:
+        _level = _checked(level)
+    name = _level
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -35,6 +56,8 @@ def configure(level: str = "WARNING") -> None:
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    import structlog
+
     if not _configured:
         configure()
     return structlog.get_logger(name)  # type: ignore[no-any-return]

@@ -6,13 +6,25 @@ The engine runs them programmatically when a journal is opened; it passes an ope
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import context
 from sqlalchemy import create_engine
 
-from engine.tables import metadata
-
 config = context.config
-target_metadata = metadata
+
+
+def _target_metadata() -> Any:
+    # only autogenerate compares with the models; the engine's own upgrades skip importing
+    # SQLModel (and pydantic), which would double the cost of creating a journal
+    if config.attributes.get("connection") is not None:
+        return None
+    from engine.tables import metadata
+
+    return metadata
+
+
+target_metadata = _target_metadata()
 
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]

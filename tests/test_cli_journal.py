@@ -11,6 +11,8 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
+from engine.journal import HEAD_REVISION
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,7 +35,7 @@ def test_db_path_and_upgrade(tmp_path: Path) -> None:
     assert res.stdout.strip() == str(target)
     assert not target.exists()
     res = car("--journal", str(target), "db", "upgrade")
-    assert res.returncode == 0 and "0001_journal_tables" in res.stdout
+    assert res.returncode == 0 and HEAD_REVISION in res.stdout
     assert target.exists()
 
 

@@ -30,8 +30,10 @@ def journal_target() -> str:
     return options.journal_target or default_journal_url()
 
 
-def open_journal(create: bool = True) -> Journal:
-    return Journal(journal_target(), create=create)
+def open_journal(create: bool = True, readonly: bool = False) -> Journal:
+    """The journal the command works on; `readonly` for commands that only read (never
+    migrates, creates or writes, and refuses a file that is not a journal untouched)."""
+    return Journal(journal_target(), create=create and not readonly, readonly=readonly)
 
 
 def emit_json(data: Any) -> None:

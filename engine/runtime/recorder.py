@@ -7,15 +7,24 @@ Group commit: a step is always appended whole, but when steps come faster than `
 (the embedded sim policy takes ~0.1 ms a step) several steps share one transaction. A crash
 then loses at most the last uncommitted group — whole steps, never half of one — and every
 slow step (an LLM call) still commits on its own. `flush()` commits what is pending; the
-episode flushes before any control event, at the end and on failure."""
+episode flushes before any control event, at the end and on failure.
+
+Lease: the recorder holds the run's writer lease (engine.journal) from the moment it is made
+until the run's RunEnded is committed, refreshing its heartbeat from a daemon thread, so a
+reader can tell a run whose process was killed ("abandoned") from one still being written.
+
+Every event is checked to read back as stored (`ev.encode_checked`) when it is handed over, so
+a bad event fails its own step and never takes a pending group of good steps down with it."""
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 from engine import events as ev
-from engine.journal import Journal
+from engine.journal import HEARTBEAT_EVERY, Journal
 from engine.state import FOLD_VERSION, SNAPSHOT_EVERY, State, apply, encode_state
 
 DEFAULT_GROUP_MS = 2.0
@@ -41,17 +50,25 @@ class Recorder:
         self.group_ms = group_ms
         self._timer = timer
         self._pending: list[ev.Event] = []
+        self._payloads: list[bytes] = []
         self._snapshots: list[tuple[int, bytes]] = []
         self._last_commit = timer()
+        self._ended = threading.Event()
+        journal.acquire_lease(run_id)
+        _start_heartbeat(self)
 
     def append(self, events: Sequence[ev.Event]) -> State:
-        """Add one step's events (committed now, or with the next group); the state after."""
+        """Add one step's events (committed now, or with the next group); the state after.
+
+        JournalError, and nothing of the step kept, if an event would not read back."""
+        payloads = [ev.encode_checked(e) for e in events]
         s = self.state
         for e in events:
             s = apply(s, e)
             if s.seq % SNAPSHOT_EVERY == 0:
                 self._snapshots.append((s.seq, encode_state(s)))
         self._pending.extend(events)
+        self._payloads.extend(payloads)
         self.state = s
         if (self._timer() - self._last_commit) * 1000.0 >= self.group_ms:
             self.flush()
@@ -60,12 +77,38 @@ class Recorder:
     def flush(self) -> None:
         """Commit every pending step in one transaction, then its snapshots."""
         if self._pending:
-            self.head = self.journal.append(self.run_id, self._pending, self.head)
+            ended = any(isinstance(e, ev.RunEnded) for e in self._pending)
+            self.head = self.journal.append(
+                self.run_id, self._pending, self.head, payloads=self._payloads
+            )
             self._pending = []
+            self._payloads = []
+            if ended:
+                self._ended.set()
         for seq, blob in self._snapshots:
             self.journal.put_snapshot(self.run_id, seq, FOLD_VERSION, blob)
         self._snapshots = []
         self._last_commit = self._timer()
+
+
+def _start_heartbeat(recorder: Recorder) -> None:
+    """Refresh the lease every HEARTBEAT_EVERY seconds until the run ends or the recorder is
+    gone. A daemon thread: it never keeps a process alive, and it dies with it (which is the
+    point: a dead process stops its heartbeat)."""
+    ref = weakref.ref(recorder)
+    ended = recorder._ended
+    journal, run_id = recorder.journal, recorder.run_id
+
+    def beat() -> None:
+        while not ended.wait(HEARTBEAT_EVERY):
+            if ref() is None:
+                return
+            try:
+                journal.heartbeat(run_id)
+            except Exception:
+                return  # journal closed: nobody to beat for
+
+    threading.Thread(target=beat, name=f"lease-{run_id}", daemon=True).start()
 
 
 class MemoryRecorder(Recorder):

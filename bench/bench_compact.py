@@ -1,0 +1,203 @@
+"""How compact the journal is on real heists, and how fast its short commands are.
+
+On the seed-7 default heist (24 steps) and a 96-step one (`--rounds 16`), recorded with the
+embedded sim policy, it prints:
+  * bytes per recorded step on disk, beside the *new* bytes the step adds (the LLM response,
+    the chat message, tool parameters and outputs) — target: step <= 2x its new bytes;
+  * bytes per forked branch (resample at an early and a late step);
+  * `car state RUN --at K` and `car runs` as processes, beside `python -c pass` —
+    target: car state <= 0.35 s;
+  * append of the heist's events through Journal.append vs raw sqlite3 inserting the same
+    payloads into a plain integer-keyed table, one transaction per step, side by side —
+    target: append >= 0.6x the floor.
+
+    python bench/bench_compact.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import add_output_options, emit, environment, loadavg, remove_db, say, work_dir
+
+from engine import events as ev
+from engine.heist.session import record_heist
+from engine.interventions import DoResample, parent_info, run_branch
+from engine.journal import Journal
+from engine.policies.registry import make_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def db_bytes(path: Path) -> int:
+    """Bytes the journal occupies once its WAL is folded in."""
+    db = sqlite3.connect(path)
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        return int((pages - free) * size)
+    finally:
+        db.close()
+
+
+def new_bytes(events: list[ev.AnyEvent]) -> int:
+    """What a step adds that the journal did not hold before: response, message, tool I/O."""
+    n = 0
+    for e in events:
+        if isinstance(e, ev.LlmCall):
+            n += len(e.response.encode())
+        elif isinstance(e, ev.ChatMessage):
+            n += len(e.text.encode())
+        elif isinstance(e, ev.ToolCall):
+            n += len(e.param.encode())
+        elif isinstance(e, ev.ToolResult):
+            n += len(e.output.encode()) + len((e.error or "").encode())
+    return n
+
+
+def record(path: Path, rounds: int) -> tuple[str, int, int, int]:
+    """Record the seed-7 heist; (run, steps, bytes on disk of the steps, their new bytes)."""
+    remove_db(path)
+    Journal(path).close()
+    empty = db_bytes(path)
+    with Journal(path) as j:
+        res = record_heist(j, make_policy({"name": "sim"}), seed=7, rounds=rounds)
+        events = j.events(res.run_id)
+    stepped = [e for e in events if e.step is not None]
+    return res.run_id, res.steps, db_bytes(path) - empty, new_bytes(stepped)
+
+
+def branch_bytes(path: Path, run: str, k: int, n: int) -> float:
+    before = db_bytes(path)
+    with Journal(path) as j:
+        parent = parent_info(j, run)
+        for i in range(n):
+            run_branch(j, parent, DoResample(k=k), 1000 + i)
+    return (db_bytes(path) - before) / n
+
+
+def process_time(args: list[str], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        subprocess.run(args, cwd=ROOT, capture_output=True, check=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def append_rates(path: Path, run: str, work: Path) -> tuple[float, float]:
+    """events/s: Journal.append of the run's steps vs raw sqlite3 into an integer-keyed table."""
+    with Journal(path, readonly=True) as j:
+        events = j.events(run)
+    steps: list[list[ev.AnyEvent]] = []
+    for e in events:
+        if steps and e.step is not None and steps[-1][-1].step == e.step:
+            steps[-1].append(e)
+        else:
+            steps.append([e])
+    target = work / "append.db"
+    remove_db(target)
+    with Journal(target) as j:
+        rid = j.create_run("bench")
+        head = 0
+        t0 = time.perf_counter()
+        for group in steps:
+            head = j.append(rid, group, head)
+        journal_rate = len(events) / (time.perf_counter() - t0)
+    floor = work / "floor.db"
+    remove_db(floor)
+    db = sqlite3.connect(floor, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, payload BLOB NOT NULL)")
+    payloads = [[ev.encode(e) for e in group] for group in steps]
+    t0 = time.perf_counter()
+    for group in payloads:
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO t (payload) VALUES (?)", [(p,) for p in group])
+        db.execute("COMMIT")
+    floor_rate = len(events) / (time.perf_counter() - t0)
+    db.close()
+    return journal_rate, floor_rate
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_output_options(p)
+    p.add_argument("--reps", type=int, default=5, help="Process timings: runs per command.")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    a = p.parse_args()
+    res: dict[str, Any] = {"env": environment(loadavg_start=loadavg()), "heists": []}
+    with work_dir("car-compact-", a.dir) as work:
+        for rounds, k_early, k_late in ((4, 2, 10), (16, 2, 40)):
+            path = work / f"heist{rounds}.db"
+            say(a.quiet, f"recording the seed-7 heist, {rounds} rounds")
+            run, steps, disk, new = record(path, rounds)
+            say(a.quiet, "forking branches")
+            early = branch_bytes(path, run, k_early, 3)
+            late = branch_bytes(path, run, k_late, 3)
+            jrate, frate = append_rates(path, run, work)
+            res["heists"].append(
+                {
+                    "rounds": rounds,
+                    "steps": steps,
+                    "bytes_per_step": disk / steps,
+                    "new_bytes_per_step": new / steps,
+                    "step_ratio": disk / new,
+                    "branch_bytes": {f"k={k_early}": early, f"k={k_late}": late},
+                    "append_events_per_s": jrate,
+                    "floor_events_per_s": frate,
+                    "append_ratio": jrate / frate,
+                }
+            )
+        path = work / "heist4.db"
+        with Journal(path, readonly=True) as j:
+            run = j.runs()[0].run_id
+        car = [sys.executable, "-m", "cli", "--journal", str(path)]
+        say(a.quiet, "timing short commands as processes")
+        res["process_s"] = {
+            "python -c pass": process_time([sys.executable, "-c", "pass"], a.reps),
+            "car state --at 12": process_time([*car, "state", run, "--at", "12"], a.reps),
+            "car runs": process_time([*car, "runs"], a.reps),
+        }
+    res["env"]["loadavg_end"] = loadavg()
+    emit(res, a.json, _table)
+
+
+def _table(res: dict[str, Any]) -> None:
+    for h in res["heists"]:
+        ok = h["step_ratio"] <= 2.0
+        print(
+            f"heist seed 7, {h['steps']} steps: {h['bytes_per_step']:.0f} B/step on disk vs "
+            f"{h['new_bytes_per_step']:.0f} new B/step = {h['step_ratio']:.2f}x "
+            f"(target <= 2x: {'met' if ok else 'NOT met'})"
+        )
+        branches = ", ".join(f"{k}: {v / 1024:.1f} KiB" for k, v in h["branch_bytes"].items())
+        print(f"  bytes per forked branch (resample) {branches}")
+        ok = h["append_ratio"] >= 0.6
+        print(
+            f"  append {h['append_events_per_s']:.0f} ev/s vs raw sqlite3 integer-keyed "
+            f"{h['floor_events_per_s']:.0f} ev/s = {h['append_ratio']:.2f}x "
+            f"(target >= 0.6x: {'met' if ok else 'NOT met'})"
+        )
+    t = res["process_s"]
+    base = t["python -c pass"]
+    for name, s in t.items():
+        print(f"  {name:<20} {s:.3f} s  ({s / base:.1f}x python -c pass)")
+    ok = t["car state --at 12"] <= 0.35
+    print(f"car state target <= 0.35 s: {'met' if ok else 'NOT met'}")
+    e = res["env"]
+    print(f"{e['cpus']} cpus, load average {e['loadavg_start']} -> {e['loadavg_end']}")
+
+
+if __name__ == "__main__":
+    main()

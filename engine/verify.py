@@ -1,0 +1,573 @@
+"""The verifier: re-derives every hash and checks every row of a journal, reading only.
+
+It trusts nothing the store holds and reports every corruption as a finding (run, seq, what),
+never a traceback: a damaged file (SQLite `quick_check`), renamed or dropped tables and columns,
+a disabled or dropped append-only trigger, cells of the wrong type (a payload stored as TEXT,
+bytes that are not UTF-8 in a TEXT column), events whose run has no row, a fork point outside its
+parent, a hash chain that does not re-derive, a `kind` or `step` column that disagrees with the
+event it indexes, and snapshots that differ from the fold they cache (verify re-folds them).
+
+What a chain alone cannot show — a run re-chained from some seq on, a truncated tail, a deleted
+run, an altered run row — needs an anchor kept outside the journal (`engine.anchor`); pass it
+and those are reported too. See docs/decisions.md for what is out of scope.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from engine import events as ev
+from engine.journal import Journal, chain_hash
+
+EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "runs": (
+        "run_id",
+        "parent_run_id",
+        "fork_seq",
+        "root_run_id",
+        "scenario",
+        "created_at",
+        "label",
+    ),
+    "events": ("run_id", "seq", "step", "kind", "version", "payload", "hash"),
+    "snapshots": ("run_id", "seq", "fold_version", "state"),
+    "texts": ("hash", "body"),
+}
+
+# the triggers that refuse rewrites, per revision that added them
+_SQLITE_TRIGGERS = {
+    "0001_journal_tables": (
+        "events_no_update",
+        "events_no_delete",
+        "runs_no_update",
+        "runs_no_delete",
+        "snapshots_no_update",
+    ),
+    "0002_refuse_rewrites": (
+        "events_no_rewrite",
+        "runs_no_rewrite",
+        "snapshots_no_rewrite",
+        "snapshots_no_delete",
+    ),
+    "0003_texts": ("texts_no_update", "texts_no_delete", "texts_no_rewrite"),
+}
+_PG_TRIGGERS = {
+    "0001_journal_tables": (
+        "events_append_only",
+        "runs_append_only",
+        "events_no_truncate",
+        "runs_no_truncate",
+        "snapshots_write_once",
+    ),
+    "0002_refuse_rewrites": ("snapshots_no_delete", "snapshots_no_truncate"),
+    "0003_texts": ("texts_append_only", "texts_no_truncate"),
+}
+MAX_FINDINGS_PER_RUN = 50
+
+
+class VerifyProblem(msgspec.Struct, frozen=True):
+    """One finding. `run_id`/`seq` are None for findings about the whole file."""
+
+    run_id: str | None
+    seq: int | None
+    problem: str
+    code: str = ""
+
+
+class VerifyReport(msgspec.Struct, frozen=True):
+    runs_checked: int
+    events_checked: int
+    problems: list[VerifyProblem]
+    snapshots_checked: int = 0
+    anchored_runs: int = 0
+    notes: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "runs_checked": self.runs_checked,
+            "events_checked": self.events_checked,
+            "snapshots_checked": self.snapshots_checked,
+            "anchored_runs": self.anchored_runs,
+            "problems": [msgspec.structs.asdict(p) for p in self.problems],
+            "notes": self.notes,
+        }
+
+
+class _RunRow(msgspec.Struct):
+    run_id: str
+    parent_run_id: str | None
+    fork_seq: int | None
+    root_run_id: str
+
+
+def verify_journal(
+    journal: Journal, run_id: str | None = None, anchor: dict[str, Any] | None = None
+) -> VerifyReport:
+    """Check the whole journal (or one run and its ancestors); see the module docstring."""
+    return _Checker(journal).run(run_id, anchor)
+
+
+def _text(value: Any) -> tuple[str, bool]:
+    """A TEXT cell as str, and whether it was valid UTF-8."""
+    if value is None:
+        return "", True
+    if isinstance(value, str):
+        return value, True
+    raw = bytes(value)
+    try:
+        return raw.decode("utf-8"), True
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "backslashreplace"), False
+
+
+class _Checker:
+    def __init__(self, journal: Journal) -> None:
+        self.j = journal
+        self.sqlite = journal.is_sqlite
+        self.problems: list[VerifyProblem] = []
+        self.notes: list[str] = []
+        self.events_checked = 0
+        self.snapshots_checked = 0
+        self.anchored = 0
+        # seq -> hash of the runs' own events, kept for runs that have children (fork points)
+        self.hashes: dict[str, dict[int, str]] = {}
+        self.heads: dict[str, int] = {}
+        self.broken_runs: set[str] = set()
+        # digest -> the text as stored, and the digests whose text no longer matches its key
+        self.texts: dict[bytes, bytes] = {}
+        self.bad_texts: set[bytes] = set()
+
+    # ---------------------------------------------------------------- helpers
+
+    def add(self, run_id: str | None, seq: int | None, problem: str, code: str) -> None:
+        if run_id is not None:
+            self.broken_runs.add(run_id)
+            if sum(p.run_id == run_id for p in self.problems) >= MAX_FINDINGS_PER_RUN:
+                return
+        self.problems.append(VerifyProblem(run_id, seq, problem, code))
+
+    def typeof(self, col: str) -> str:
+        return f"typeof({col})" if self.sqlite else "NULL"
+
+    def raw(self, col: str) -> str:
+        """The column's bytes as stored, whatever their type (TEXT that is not UTF-8 too)."""
+        return f"CAST({col} AS BLOB)" if self.sqlite else col
+
+    def query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.j.query(sql, list(args))
+
+    def guarded(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            self.add(None, None, f"cannot check {what}: {first}", "unreadable")
+            return None
+
+    # ------------------------------------------------------------------- run
+
+    def run(self, run_id: str | None, anchor: dict[str, Any] | None) -> VerifyReport:
+        self.guarded("the database file", self.check_file)
+        tables = self.guarded("the schema", self.check_schema) or set()
+        runs: dict[str, _RunRow] = {}
+        if {"runs", "events"} <= tables:
+            runs = self.guarded("the runs table", self.read_runs) or {}
+        targets = list(runs)
+        if run_id is not None:
+            info = self.j.run(run_id)  # UnknownRun is a usage error, not a finding
+            targets = self.ancestry(runs, info.run_id)
+        if "texts" in tables:
+            self.guarded("the texts table", self.read_texts)
+        if {"runs", "events"} <= tables:
+            for rid in self.topological(runs, targets):
+                self.guarded(f"run {rid}", self.check_run, runs, rid)
+            if run_id is None:
+                self.guarded("events without a run", self.check_orphans, runs)
+        if "snapshots" in tables and "events" in tables:
+            self.guarded("the snapshots", self.check_snapshots, runs, set(targets))
+        if anchor is not None:
+            from engine.anchor import compare_anchor
+
+            found = self.guarded("the anchor", compare_anchor, self.j, anchor, set(targets))
+            if found is not None:
+                problems, self.anchored, notes = found
+                for p in problems:
+                    self.add(p.run_id, p.seq, p.problem, p.code)
+                self.notes.extend(notes)
+        return VerifyReport(
+            runs_checked=len(targets),
+            events_checked=self.events_checked,
+            problems=self.problems,
+            snapshots_checked=self.snapshots_checked,
+            anchored_runs=self.anchored,
+            notes=self.notes,
+        )
+
+    # ------------------------------------------------------------ file/schema
+
+    def check_file(self) -> None:
+        if not self.sqlite:
+            return
+        rows = self.query("PRAGMA quick_check")
+        bad = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+        for line in bad[:10]:
+            self.add(None, None, f"database file damaged: {line}", "damaged")
+        if len(bad) > 10:
+            self.add(None, None, f"database file damaged: {len(bad) - 10} more", "damaged")
+
+    def check_schema(self) -> set[str]:
+        usable: set[str] = set()
+        for table, cols in EXPECTED_COLUMNS.items():
+            if table == "texts" and self.j.revision in (
+                "0001_journal_tables",
+                "0002_refuse_rewrites",
+            ):
+                continue
+            if self.sqlite:
+                rows = self.query("SELECT name FROM pragma_table_info(?)", [table])
+            else:
+                rows = self.query(
+                    "SELECT column_name FROM information_schema.columns"
+                    " WHERE table_schema = current_schema() AND table_name = ?",
+                    [table],
+                )
+            have = {str(r[0]) for r in rows}
+            if not have:
+                self.add(None, None, f"table {table!r} is missing (renamed or dropped)", "schema")
+                continue
+            missing = [c for c in cols if c not in have]
+            for c in missing:
+                self.add(
+                    None, None, f"column {table}.{c} is missing (renamed or dropped)", "schema"
+                )
+            if not missing:
+                usable.add(table)
+        self.check_triggers()
+        return usable
+
+    def check_triggers(self) -> None:
+        revision = self.j.revision or ""
+        wanted: list[str] = []
+        table = _SQLITE_TRIGGERS if self.sqlite else _PG_TRIGGERS
+        for rev, names in table.items():
+            wanted.extend(names)
+            if rev == revision:
+                break
+        if self.sqlite:
+            rows = self.query("SELECT name, 'O' FROM sqlite_master WHERE type = 'trigger'")
+        else:
+            rows = self.query(
+                "SELECT tgname, tgenabled FROM pg_trigger WHERE NOT tgisinternal"
+                " AND tgrelid IN (SELECT oid FROM pg_class WHERE relname IN"
+                " ('events', 'runs', 'snapshots', 'texts'))"
+            )
+        have = {str(r[0]): str(r[1]) for r in rows}
+        for name in wanted:
+            if name not in have:
+                self.add(
+                    None,
+                    None,
+                    f"append-only trigger {name!r} is missing: the database no longer refuses "
+                    "rewrites",
+                    "trigger",
+                )
+            elif have[name] == "D":
+                self.add(None, None, f"append-only trigger {name!r} is disabled", "trigger")
+        if revision == "0001_journal_tables":
+            self.notes.append(
+                "journal at schema revision 0001: REPLACE is not refused; open it for writing "
+                "once (`car db upgrade`) to add the triggers that refuse it"
+            )
+
+    # ------------------------------------------------------------------ runs
+
+    def read_runs(self) -> dict[str, _RunRow]:
+        rows = self.query(
+            f"SELECT {self.raw('run_id')}, {self.raw('parent_run_id')}, fork_seq,"
+            f" {self.typeof('fork_seq')}, {self.raw('root_run_id')}, {self.raw('scenario')},"
+            f" {self.raw('created_at')}, {self.raw('label')} FROM runs"
+        )
+        runs: dict[str, _RunRow] = {}
+        for r in rows:
+            rid, ok = _text(r[0])
+            texts = [_text(v) for v in (r[1], r[4], r[5], r[6], r[7])]
+            if not ok or not all(t[1] for t in texts):
+                self.add(rid, None, "run row holds bytes that are not UTF-8 text", "encoding")
+            if self.sqlite and r[3] not in ("integer", "null"):
+                self.add(rid, None, f"run row's fork_seq is a {r[3]}, not an integer", "type")
+            parent = texts[0][0] if r[1] is not None else None
+            fork_seq = r[2] if isinstance(r[2], int) else None
+            runs[rid] = _RunRow(rid, parent, fork_seq, texts[1][0])
+        for info in runs.values():
+            if info.parent_run_id is None:
+                if info.fork_seq is not None:
+                    self.add(info.run_id, None, "a root run with a fork point", "run_row")
+                if info.root_run_id != info.run_id:
+                    self.add(info.run_id, None, "a root run that names another root", "run_row")
+                continue
+            parent_row = runs.get(info.parent_run_id)
+            if parent_row is None:
+                self.add(
+                    info.run_id,
+                    None,
+                    f"parent run {info.parent_run_id!r} has no row (deleted?)",
+                    "missing_parent",
+                )
+                continue
+            if info.fork_seq is None or info.fork_seq < 0:
+                self.add(info.run_id, None, "a branch without a valid fork point", "run_row")
+            if info.root_run_id != parent_row.root_run_id:
+                self.add(info.run_id, None, "root run differs from its parent's", "run_row")
+        return runs
+
+    def ancestry(self, runs: dict[str, _RunRow], rid: str) -> list[str]:
+        chain = [rid]
+        while (p := runs.get(chain[-1])) is not None and p.parent_run_id in runs:
+            chain.append(p.parent_run_id)
+            if len(chain) > len(runs):
+                break
+        return list(reversed(chain))
+
+    def topological(self, runs: dict[str, _RunRow], targets: list[str]) -> list[str]:
+        """Parents before children, so a fork's first hash can chain on its parent's."""
+        want = set(targets)
+        children: dict[str | None, list[str]] = defaultdict(list)
+        for info in runs.values():
+            parent = info.parent_run_id if info.parent_run_id in runs else None
+            children[parent].append(info.run_id)
+        order: list[str] = []
+        stack = sorted(children[None], reverse=True)
+        seen: set[str] = set()
+        while stack:
+            rid = stack.pop()
+            if rid in seen:
+                continue
+            seen.add(rid)
+            if rid in want:
+                order.append(rid)
+            stack.extend(sorted(children.get(rid, []), reverse=True))
+        # a cycle of parent pointers is never reached from a root
+        for rid in targets:
+            if rid not in seen:
+                self.add(rid, None, "run is not reachable from a root (parent cycle)", "run_row")
+        return order
+
+    # ----------------------------------------------------------------- texts
+
+    def read_texts(self) -> None:
+        """Re-hash every stored text; an altered one is a finding here and at every event
+        that uses it."""
+        rows = self.query(f"SELECT {self.raw('hash')}, {self.raw('body')} FROM texts")
+        for raw_key, body in rows:
+            key, _ok = _text(raw_key)
+            body = bytes(body or b"")
+            try:
+                if not key.startswith(ev.TEXT_PREFIX):
+                    raise ValueError(key)
+                digest = bytes.fromhex(key.removeprefix(ev.TEXT_PREFIX))
+            except ValueError:
+                self.add(None, None, f"texts row with a malformed key {key!r}", "text")
+                continue
+            self.texts[digest] = body
+            if ev.text_digest(body) != digest:
+                self.bad_texts.add(digest)
+                self.add(None, None, f"text {key} altered: its bytes no longer hash to it", "text")
+
+    def resolved(self, rid: str, seq: int, body: bytes) -> bytes | None:
+        """The full bytes of a v3 payload from the texts as stored; None (after a finding) when
+        a reference cannot be read or resolved."""
+        try:
+            refs = ev.refs_of(body)
+        except Exception as e:
+            self.add(rid, seq, f"stored payload does not parse: {e}", "undecodable")
+            return None
+        for d in refs:
+            if d not in self.texts:
+                self.add(rid, seq, f"uses text {ev.text_key(d)}, which is missing", "text")
+                return None
+            if d in self.bad_texts:
+                self.add(rid, seq, f"uses altered text {ev.text_key(d)}", "text")
+        try:
+            return ev.resolve(body, self.texts.__getitem__)
+        except Exception as e:
+            self.add(rid, seq, f"stored payload does not resolve: {e}", "undecodable")
+            return None
+
+    # ---------------------------------------------------------------- events
+
+    def fork_prev(self, runs: dict[str, _RunRow], info: _RunRow) -> str | None:
+        """The hash a branch's first event chains on: its parent history's at fork_seq - 1."""
+        seq = (info.fork_seq or 0) - 1
+        if seq < 0:
+            return ""
+        owner = runs.get(info.parent_run_id or "")
+        while owner is not None:
+            start = owner.fork_seq or 0 if owner.parent_run_id is not None else 0
+            if seq >= start:
+                return self.hashes.get(owner.run_id, {}).get(seq)
+            owner = runs.get(owner.parent_run_id or "")
+        return None
+
+    def check_run(self, runs: dict[str, _RunRow], rid: str) -> None:
+        info = runs[rid]
+        has_children = any(r.parent_run_id == rid for r in runs.values())
+        keep: dict[int, str] | None = {} if has_children else None
+        start = info.fork_seq or 0 if info.parent_run_id is not None else 0
+        prev: str | None = ""
+        if info.parent_run_id is not None and info.parent_run_id in runs:
+            prev = self.fork_prev(runs, info)
+            parent_head = self.heads.get(info.parent_run_id)
+            if parent_head is not None and start > parent_head:
+                self.add(
+                    rid,
+                    start,
+                    f"fork point {start} is beyond the parent's {parent_head} events",
+                    "fork_point",
+                )
+            elif prev is None:
+                self.add(rid, start - 1, "fork point missing from the parent", "fork_point")
+        rows = self.query(
+            f"SELECT seq, {self.typeof('seq')}, step, {self.typeof('step')}, {self.raw('kind')},"
+            f" version, {self.typeof('payload')}, {self.raw('payload')}, {self.raw('hash')}"
+            f" FROM events WHERE run_id = ? ORDER BY seq",
+            [rid],
+        )
+        expected = start
+        resync = prev is None  # no known predecessor hash: take the first stored one
+        for seq, seq_type, step, step_type, kind_raw, version, ptype, payload, hash_raw in rows:
+            self.events_checked += 1
+            if not isinstance(seq, int) or (self.sqlite and seq_type != "integer"):
+                self.add(rid, None, f"seq cell {seq!r} is not an integer", "type")
+                continue
+            if seq < start:
+                self.add(rid, seq, f"event below the branch's fork point {start}", "out_of_place")
+                continue
+            if seq != expected:
+                self.add(
+                    rid,
+                    expected,
+                    f"events {expected}..{seq - 1} removed (next seq {seq})",
+                    "removed",
+                )
+                expected = seq
+                resync = True
+            kind, kind_ok = _text(kind_raw)
+            stored_hash, hash_ok = _text(hash_raw)
+            if not kind_ok or not hash_ok:
+                self.add(rid, seq, "kind or hash holds bytes that are not UTF-8 text", "encoding")
+            if self.sqlite and ptype != "blob":
+                self.add(rid, seq, f"payload stored as {ptype}, not as bytes", "type")
+            if self.sqlite and step_type not in ("integer", "null"):
+                self.add(rid, seq, f"step cell is a {step_type}, not an integer", "type")
+            body = bytes(payload) if payload is not None else b""
+            if not isinstance(version, int):
+                self.add(rid, seq, f"version cell {version!r} is not an integer", "type")
+                version = -1
+            if version >= 3:
+                full = self.resolved(rid, seq, body)
+                if full is None:
+                    resync, prev, expected = True, stored_hash, seq + 1
+                    continue
+                body = full
+            if not resync and chain_hash(prev or "", seq, kind, version, body) != stored_hash:
+                self.add(rid, seq, "hash mismatch: event altered or reordered", "hash")
+            resync = False
+            prev = stored_hash
+            if keep is not None:
+                keep[seq] = stored_hash
+            expected = seq + 1
+            try:
+                decoded = ev.decode(body, version)
+            except Exception as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                self.add(rid, seq, f"undecodable payload: {first}", "undecodable")
+                continue
+            if ev.kind_of(decoded) != kind:
+                self.add(
+                    rid,
+                    seq,
+                    f"kind column {kind!r} disagrees with the event ({ev.kind_of(decoded)!r})",
+                    "kind",
+                )
+            if decoded.step != step:
+                self.add(
+                    rid,
+                    seq,
+                    f"step column {step!r} disagrees with the event (step {decoded.step!r})",
+                    "step",
+                )
+        self.heads[rid] = expected
+        if keep is not None:
+            self.hashes[rid] = keep
+
+    def check_orphans(self, runs: dict[str, _RunRow]) -> None:
+        rows = self.query(
+            f"SELECT {self.raw('run_id')}, min(seq), count(*) FROM events GROUP BY"
+            f" {self.raw('run_id')}"
+        )
+        for raw_id, first, count in rows:
+            rid, ok = _text(raw_id)
+            if rid in runs and ok:
+                continue
+            self.add(
+                rid,
+                first if isinstance(first, int) else None,
+                f"{count} events whose run has no row (deleted run or forged events)",
+                "orphan",
+            )
+        if self.sqlite:
+            (n,) = self.query("SELECT count(*) FROM events WHERE typeof(run_id) != 'text'")[0]
+            if n:
+                self.add(None, None, f"{n} events whose run id is not text", "type")
+
+    # ------------------------------------------------------------- snapshots
+
+    def check_snapshots(self, runs: dict[str, _RunRow], targets: set[str]) -> None:
+        from engine.state import FOLD_VERSION, State, apply, decode_state, encode_state
+
+        rows = self.query(
+            f"SELECT {self.raw('run_id')}, seq, fold_version, {self.typeof('state')},"
+            f" {self.raw('state')} FROM snapshots"
+        )
+        by_run: dict[str, list[tuple[int, bytes]]] = defaultdict(list)
+        for raw_id, seq, fold_version, stype, blob in rows:
+            rid, _ok = _text(raw_id)
+            if rid not in runs:
+                self.add(rid, seq, "snapshot of a run that has no row", "snapshot")
+                continue
+            if rid not in targets or fold_version != FOLD_VERSION:
+                continue  # other fold versions are ignored by every reader
+            if self.sqlite and stype != "blob":
+                self.add(rid, seq, f"snapshot stored as {stype}, not as bytes", "snapshot")
+            by_run[rid].append((int(seq), bytes(blob or b"")))
+        for rid, snaps in by_run.items():
+            if rid in self.broken_runs or (runs[rid].parent_run_id or "") in self.broken_runs:
+                self.notes.append(f"snapshots of run {rid} not checked: its events are damaged")
+                continue
+            snaps.sort()
+            s = State()
+            for seq, blob in snaps:
+                self.snapshots_checked += 1
+                for stored in self.j.read(rid, s.seq, seq):
+                    s = apply(s, ev.decode_for_fold(stored.payload, stored.version))
+                try:
+                    held = encode_state(decode_state(blob))
+                except Exception as e:
+                    self.add(rid, seq, f"snapshot does not decode: {e}", "snapshot")
+                    continue
+                if s.seq != seq or held != encode_state(s):
+                    self.add(
+                        rid,
+                        seq,
+                        "snapshot differs from the fold of the events it caches (forged)",
+                        "snapshot",
+                    )
