@@ -48,9 +48,14 @@ class NotifyingJournal(Journal):
             self._listeners.remove(fn)
 
     def append(
-        self, run_id: str, events: Sequence[ev.Event], expected_seq: int | None = None
+        self,
+        run_id: str,
+        events: Sequence[ev.Event],
+        expected_seq: int | None = None,
+        *,
+        payloads: Sequence[bytes] | None = None,
     ) -> int:
-        head = super().append(run_id, events, expected_seq)
+        head = super().append(run_id, events, expected_seq, payloads=payloads)
         with self._listeners_lock:
             listeners = list(self._listeners)
         for fn in listeners:
