@@ -34,11 +34,14 @@ from engine.commands.common import (
     out,
 )
 from engine.errors import EngineError
+from engine.terminal import printable
 
 # imported: from here on Ctrl-C is a KeyboardInterrupt that main() turns into one line
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 app = typer.Typer(
+    # plain click help: rich help shows every flag as `<bool>` and wraps it at 80 columns
+    rich_markup_mode=None,
     help="Causal Agent Replay: record multi-agent runs, replay and fork them, find the step "
     "that caused a failure and the agent that sabotaged it.",
     no_args_is_help=True,
@@ -97,6 +100,12 @@ def show_cmd(
     reveal: Annotated[
         bool, typer.Option("--reveal", help="Also show secret events (the mole) and seeds.")
     ] = False,
+    depth: Annotated[
+        int, typer.Option("--depth", min=0, help="Levels of the branch tree to print (0: none).")
+    ] = 2,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, help="Branches to print under each run at most.")
+    ] = 20,
     as_json: JsonOpt = False,
 ) -> None:
     """Show a run: its header, transcript, outcome and branch tree."""
@@ -121,7 +130,7 @@ def show_cmd(
             highlight=False,
         )
     for line in data["lines"]:
-        out.print(line, highlight=False, markup=False)
+        out.print(printable(line, keep_newlines=True), highlight=False, markup=False)
     if data.get("outcome"):
         o = data["outcome"]
         out.print(
@@ -129,18 +138,29 @@ def show_cmd(
             highlight=False,
         )
         for reason in o.get("reasons", []):
-            out.print(f"  - {reason}", highlight=False, markup=False)
+            out.print(f"  - {printable(str(reason))}", highlight=False, markup=False)
     tree_data = data["branches"]
-    if tree_data["children"]:
+    if tree_data["children"] and depth > 0:
         tree = Tree(f"[bold]{tree_data['run_id']}[/]")
-        _add_branches(tree, tree_data["children"])
+        _add_branches(tree, tree_data["children"], depth, limit)
         out.print(tree)
 
 
-def _add_branches(node: Tree, children: list[dict[str, Any]]) -> None:
-    for c in children:
+def _add_branches(node: Tree, children: list[dict[str, Any]], depth: int, limit: int) -> None:
+    """Print `limit` branches a level and `depth` levels; say how many were left out."""
+    for c in children[:limit]:
         label = f"{c['run_id']} @step {c['fork_step']} {c.get('op') or ''} {c.get('verdict') or ''}"
-        _add_branches(node.add(label.strip()), c["children"])
+        child = node.add(label.strip())
+        if depth > 1:
+            _add_branches(child, c["children"], depth - 1, limit)
+        elif c["children"]:
+            child.add(f"[dim]{_count(c['children'])} more below (--depth)[/]")
+    if len(children) > limit:
+        node.add(f"[dim]… {len(children) - limit} more branches (--limit, or --json for all)[/]")
+
+
+def _count(children: list[dict[str, Any]]) -> int:
+    return sum(1 + _count(c["children"]) for c in children)
 
 
 @app.command("state")
@@ -170,7 +190,8 @@ def state_cmd(
     out.print(f"seeds in window: {seeds or 'none'}", highlight=False)
     out.print("[bold]conversation (window)[/]")
     for m in data["transcript"]:
-        out.print(f"  [{m['step']}] {m['agent']}: {m['text']}", highlight=False, markup=False)
+        line = f"  [{m['step']}] {m['agent']}: {m['text']}"
+        out.print(printable(line, keep_newlines=True), highlight=False, markup=False)
     out.print("[bold]private contexts[/]")
     for agent, ctx in data["contexts"].items():
         out.print(
@@ -189,7 +210,8 @@ def _print_public_state(at: int, data: dict[str, Any]) -> None:
     )
     out.print("[bold]conversation (window)[/]")
     for m in data["transcript"]:
-        out.print(f"  [{m['step']}] {m['agent']}: {m['text']}", highlight=False, markup=False)
+        line = f"  [{m['step']}] {m['agent']}: {m['text']}"
+        out.print(printable(line, keep_newlines=True), highlight=False, markup=False)
     out.print("[bold]agents[/] (config order; seeds and secrets only with --reveal)")
     for a in data["per_agent"]:
         failed = sum(1 for t in a["tool_usage"] if not t["success"])
@@ -229,7 +251,6 @@ def _print_step(k: int, agent: str, events: list[Any]) -> None:
     from rich.text import Text
 
     from engine import events as ev
-    from engine.terminal import printable
 
     for e in events:
         if isinstance(e, ev.ChatMessage):
@@ -294,6 +315,10 @@ def heist_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Record one heist: six agents plan, one is secretly the mole; ends with the outcome."""
+    if no_mole and (mole is not None or strategy is not None):
+        raise typer.BadParameter(
+            "--no-mole cannot be combined with --mole or --strategy", param_hint="'--no-mole'"
+        )
     import signal
 
     # Ctrl-C from here on stops the run where its last whole step ended (an LLM call in
@@ -351,7 +376,6 @@ def heist_cmd(
             agents = list(j.events(result.run_id, 1)[0].agents)  # type: ignore[union-attr]
     finally:
         signal.signal(signal.SIGINT, previous)
-    from engine.terminal import printable
 
     outcome = result.outcome
     data = {

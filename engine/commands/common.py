@@ -11,8 +11,10 @@ from rich.console import Console
 
 from engine.journal import Journal, default_journal_url
 
-out = Console()
-err = Console(stderr=True)
+# A pipe gets whole lines: rich would hard-wrap them at 80 columns, mid-word, when stdout is
+# not a terminal; soft wrapping leaves the wrapping to whatever reads the output.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 

@@ -7,8 +7,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from engine.commands.common import JsonOpt, emit_json, err, fail, open_journal, options, out
+from engine.terminal import printable
 
 METHOD_HELP = "rules | llm | rules+llm | causal | replay"
 EVAL_JOURNAL = "recordings/detect-eval.db"
@@ -70,7 +72,7 @@ def _print_analysis(d: dict[str, Any]) -> None:
         t.add_column(c, no_wrap=True)
     for agent in d["ranking"]:
         b = d["score_breakdown"][agent]
-        row = [agent]
+        row: list[str | Text] = [Text(printable(agent))]
         if signals:
             row += [
                 _f(b["tool_usage"]),
@@ -96,7 +98,8 @@ def _print_analysis(d: dict[str, Any]) -> None:
         line += "; separated" if d["separated"] else "; not separated"
     out.print(line, highlight=False)
     for w in d["warnings"]:
-        out.print(f"[yellow]warning[/]: {w}", highlight=False)
+        # a warning may quote the model's answer: data, never markup or terminal control
+        out.print(Text.assemble(("warning", "yellow"), ": " + printable(w)), highlight=False)
 
 
 def _ci(ci: list[float]) -> str:

@@ -26,7 +26,9 @@ KeyFileOpt = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    db_app = typer.Typer(help="The journal database itself.", no_args_is_help=True)
+    db_app = typer.Typer(
+        help="The journal database itself.", no_args_is_help=True, rich_markup_mode=None
+    )
     app.add_typer(db_app, name="db")
     db_app.command("path")(db_path)
     db_app.command("upgrade")(db_upgrade)
