@@ -400,3 +400,71 @@ def test_snapshot_flag_does_not_hide_other_runs(journal: tuple[Path, str, str]) 
     db.close()
     assert ("nobody", 512, "snapshot") in findings(check(path))
     assert FOLD_VERSION >= 1
+
+
+# ------------------------------------------------------------------ PostgreSQL
+
+
+def test_postgres_tampering_and_anchor(pg_url: str) -> None:
+    """The same verifier on a PostgreSQL journal: a heist (its texts stored once) verifies;
+    a disabled trigger, an edited text, a re-chained run and a deleted branch are found, the
+    last two only with the anchor."""
+    import uuid
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+    from test_journal_contract import _plain
+
+    from engine.heist.session import record_heist
+    from engine.policies.registry import make_policy
+
+    url = make_url(pg_url)
+    name = "vf_" + uuid.uuid4().hex[:12]
+    admin = _plain(url.set(database="postgres"))
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+    target = url.set(database=name).render_as_string(hide_password=False)
+    dsn = _plain(make_url(target))
+    try:
+        with Journal(target) as j:
+            run = record_heist(j, make_policy({"name": "sim"}), seed=7, rounds=2).run_id
+            child = j.fork(run, 20)
+            j.append(child, [ev.Intervention(step=5, op="resample", at=5), *step_events(5)], 20)
+            anchor = make_anchor(j, KEY, "t")
+            assert verify_journal(j, anchor=anchor).ok
+        with psycopg.connect(dsn, autocommit=True) as c:
+            for t in ("events", "runs", "texts"):
+                c.execute(f"ALTER TABLE {t} DISABLE TRIGGER USER")  # type: ignore[arg-type]
+            (h,) = c.execute("SELECT hash FROM texts ORDER BY hash LIMIT 1").fetchone()  # type: ignore[misc]
+            c.execute("UPDATE texts SET body = body || 'x'::bytea WHERE hash = %s", (h,))
+            c.execute("DELETE FROM events WHERE run_id = %s", (child,))
+            c.execute("DELETE FROM runs WHERE run_id = %s", (child,))
+            rows = c.execute(
+                "SELECT seq, kind, version, hash FROM events WHERE run_id = %s AND seq >= 30"
+                " ORDER BY seq",
+                (run,),
+            ).fetchall()
+            prev = c.execute(
+                "SELECT hash FROM events WHERE run_id = %s AND seq = 29", (run,)
+            ).fetchone()[0]  # type: ignore[index]
+            forged = ev.encode(ev.ChatMessage(step=6, agent="planner", text="forged"))
+            for seq, kind, version, _h in rows:
+                with Journal(target, readonly=True) as j:
+                    body = forged if seq == 30 else next(j.read(run, seq, seq + 1)).payload
+                k = "chat_message" if seq == 30 else kind
+                prev = chain_hash(prev, seq, k, version, body)
+                c.execute(
+                    "UPDATE events SET payload = %s, kind = %s, hash = %s WHERE run_id = %s"
+                    " AND seq = %s",
+                    (body, k, prev, run, seq),
+                )
+        with Journal(target, readonly=True) as j:
+            plain = verify_journal(j)
+            anchored = verify_journal(j, anchor=anchor)
+        codes = {p.code for p in plain.problems}
+        assert {"trigger", "text"} <= codes and "deleted" not in codes
+        got = {(p.run_id, p.code) for p in anchored.problems}
+        assert (child, "deleted") in got and (run, "rechained") in got
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
