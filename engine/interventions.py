@@ -538,14 +538,17 @@ def close_stopped(journal: Journal, run_id: str, reason: str = "interrupted") ->
     return True
 
 
-def close_open_branches(journal: Journal, parent: str, labels: set[str], since: str) -> int:
+def close_open_branches(
+    journal: Journal, parent: str, labels: set[str], since: str, finished: set[str]
+) -> int:
     """After an interrupt: close every branch of `parent` this command made (by label, created
-    at or after `since`) that is still recording. Returns how many were closed."""
+    at or after `since`, not among the `finished` ones it already has results for) that is
+    still recording. Returns how many were closed."""
     closed = 0
     for run_id in list(_open):
         closed += close_stopped(journal, run_id)
     for info in journal.children(parent):
-        if info.label in labels and info.created_at >= since:
+        if info.label in labels and info.created_at >= since and info.run_id not in finished:
             closed += close_stopped(journal, info.run_id)
     return closed
 
@@ -664,6 +667,7 @@ class BranchRunner:
         self.reused = 0
         self.created = 0
         self._labels: set[str] = set()
+        self._finished: set[str] = set()  # branches with a result: nothing to close
         self._since = _utc_now()
         self._existing: dict[str, str] = {}
         if reuse:
@@ -769,8 +773,9 @@ class BranchRunner:
             check()
         except KeyboardInterrupt as e:
             self.close(interrupted=True)
+            self._finished.update(r.run_id for r in results if r is not None and r.run_id)
             closed = close_open_branches(
-                self.journal, self.parent.run_id, self._labels, self._since
+                self.journal, self.parent.run_id, self._labels, self._since, self._finished
             )
             stopped = sum(1 for r in results if r is not None and r.status == "stopped")
             raise Interrupted(
@@ -778,6 +783,7 @@ class BranchRunner:
             ) from e
         out = [r for r in results if r is not None]
         self.created += sum(1 for r in out if r.run_id and not r.reused)
+        self._finished.update(r.run_id for r in out if r.run_id)
         return out
 
 

@@ -8,11 +8,13 @@ is left `recording`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -107,7 +109,7 @@ def test_ctrl_c_stops_quickly_and_closes_open_branches(
     """SIGINT in the middle of the work: exit 130 within 2 s with one line on stderr, no
     process of the command left, and every branch it opened closed as stopped."""
     journal, run = heist
-    seed = str(abs(hash(name)) % 10_000)
+    seed = str(zlib.crc32(name.encode()) % 10_000)
     args = [run if a == "RUN" else seed if a == "SEED" else a for a in argv]
     before = branch_count(journal, run)
     proc = start(journal, *args)
@@ -215,3 +217,51 @@ def test_ctrl_c_of_validate_and_fidelity(long_heist: tuple[Path, str], argv: lis
     assert time.monotonic() - t0 < 2.0
     assert stderr.strip() == "interrupted", stderr
     assert gone_within(proc.pid, 2.0) == []
+
+
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+def test_ctrl_c_while_the_server_hangs(heist: tuple[Path, str], concurrency: str) -> None:
+    """do_policy branches against a server that accepts the connection and never answers (a
+    real socket, a real hang): Ctrl-C still ends the command within 2 s, exit 130, and the
+    branches stuck in their call are closed as stopped by the command itself."""
+    import socket
+    import threading
+
+    journal, run = heist
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+    try:
+        before = branch_count(journal, run)
+        proc = start(
+            journal, "fork", run, "--at", "3", "--do", "policy", "--value",
+            "openai:max_retries=0", "--base-url", url, "--timeout", "600", "-n", "4",
+            "-c", concurrency,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while len(accepted) < int(concurrency):  # the branches are inside their call now
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no request reached the server"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+        assert proc.returncode == 130, stderr
+        assert time.monotonic() - t0 < 2.0
+        assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+        assert gone_within(proc.pid, 2.0) == []
+        assert branch_count(journal, run) >= before + int(concurrency)
+        assert open_branches(journal, run) == []
+    finally:
+        server.close()
+        for s in accepted:
+            s.close()

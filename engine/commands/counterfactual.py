@@ -279,8 +279,8 @@ def fork_cmd(
 ) -> None:
     """Fork N branches at step k with one do() intervention; the outcome distribution.
 
-    With --do policy, --base-url/--model/--timeout configure the policy swapped in. Exits 1
-    when every branch failed."""
+    With --do policy, --base-url, --model and --timeout configure the policy
+    swapped in. Exits 1 when every branch failed."""
     from engine.interventions import fork_many, parse_intervention
     from engine.workers import interruptible
 
@@ -352,9 +352,9 @@ def validate_cmd(
 ) -> None:
     """Run both estimators on synthetic causal models and compare with exact ground truth.
 
-    Exit status 1 when an exact value lies outside its interval. The intervals form one family
-    at a family-wise error rate --alpha (Bonferroni: each at 1 - alpha/m), so correct
-    estimators pass with probability >= 1 - alpha; the rule is printed."""
+    Exit status 1 when an exact value lies outside its interval. All intervals
+    form one family at error rate --alpha (Bonferroni: each at 1 - alpha/m),
+    so correct estimators pass with probability >= 1 - alpha."""
     from engine.attribution.scm import builtin_models, load_scm
     from engine.attribution.validate import family_rule, validate
 
@@ -465,9 +465,9 @@ def attribute_cmd(
 ) -> None:
     """Which step (or agent) caused the failure: counterfactual forward runs, ranked.
 
-    Contrastive scans from the last step backwards and stops at the point of commitment
-    (--all-steps estimates every step). Run again with the same --seed, it reuses the branches
-    it made before instead of adding new ones."""
+    Contrastive scans from the last step back to the point of commitment.
+    --all-steps estimates every step. The same command with the same --seed
+    reads back the branches it made before instead of adding new ones."""
     from engine.attribution.heist_report import attribute_run
     from engine.workers import interruptible
 
