@@ -36,7 +36,7 @@ def export_cmd(
         str | None,
         typer.Option(
             "--otlp-endpoint",
-            help="POST over OTLP/HTTP (JSON) to this receiver instead, e.g. "
+            help="POST over OTLP/HTTP to this receiver instead (see --otlp-protocol), e.g. "
             "http://127.0.0.1:6006 (/v1/traces is appended unless given).",
         ),
     ] = None,
