@@ -84,7 +84,7 @@ def record_games(
             rounds=rounds or DEFAULT_ROUNDS,
             config_path=config_path,
             server=server,
-            label=f"detect-eval seed {seed + i}",
+            label="detect-eval",  # never the seed: the seed names the mole
         )
         if r.status != "completed":
             if failures is None:
