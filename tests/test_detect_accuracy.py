@@ -70,7 +70,7 @@ def test_confidence_is_calibrated_on_held_out_games(
 def test_unseen_crews(tmp_path: Path, crew: str) -> None:
     """On 4- and 8-agent crews with names never seen, both rules and causal beat the random
     baseline: the lower end of each 95% interval lies above 1/#agents."""
-    n, seed = 40, 80_000
+    n, seed = 30, 80_000
     print(f"{crew}: {n} games, seeds {seed}..{seed + n - 1}")
     with Journal(tmp_path / "j.db") as j:
         runs = record_games(j, n, seed=seed, policy=SimPolicy(), config_path=DATA / crew)

@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.detect import calibration
 from engine.detect.rules import WEIGHTS, Msg, RuleScores, ToolUse, rule_scores
-from engine.errors import EngineError
+from engine.errors import EngineError, JournalError
 from engine.journal import Journal
 from engine.public import PublicRun, public_view
 
@@ -287,7 +287,9 @@ def _with_llm(
         warnings += parsed.warnings
     detection_run = None
     if options.get("journal_llm", True):
-        detection_run = journal_llm_step(
+        detection_run = _journal_or_warn(
+            warnings,
+            journal_llm_step,
             journal,
             view.run_id,
             method=method,
@@ -346,6 +348,16 @@ def _with_llm(
         model=answer.model if answer else name,
         extra=extra,
     )
+
+
+def _journal_or_warn(notes: list[str], record: Any, *args: Any, **kwargs: Any) -> str | None:
+    """Journal the LLM step; a journal that refuses the write (read-only, say) costs the
+    record, not the analysis, and the output says so."""
+    try:
+        return str(record(*args, **kwargs))
+    except JournalError as e:
+        notes.append(f"the LLM step could not be journaled: {e}")
+        return None
 
 
 def _seed_for(run_id: str) -> int:
