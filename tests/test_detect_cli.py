@@ -123,3 +123,28 @@ def test_detect_eval_on_a_custom_crew(tmp_path: Path) -> None:
         runs = [r.run_id for r in journal.runs() if r.scenario == "heist"]
     code, out = run("--journal", str(j), "detect-eval", "--runs", runs[0], "--runs", runs[1])
     assert code == 0 and "top-1" in out and "confusion" in out
+
+
+def test_detect_eval_with_no_server_fails_cleanly(tmp_path: Path) -> None:
+    """--policy openai against a port nobody listens on: every game fails, is closed in the
+    journal, and detect-eval ends with one error line naming the first failure."""
+    import subprocess
+    import sys
+
+    from servers import free_port
+
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "cli", "--journal", str(tmp_path / "e.db"), "detect-eval",
+            "--games", "1", "--policy", "openai",
+            "--base-url", f"http://127.0.0.1:{free_port()}/v1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("error: no game completed; first failure: seed 0: failed")
+    with Journal(tmp_path / "e.db") as j:
+        assert [j.status(r.run_id) for r in j.runs()] == ["failed"]

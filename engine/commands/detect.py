@@ -116,6 +116,8 @@ def _print_eval(report: dict[str, Any]) -> None:
         ),
         highlight=False,
     )
+    for f in report.get("failed_games", []):
+        out.print(f"[yellow]game not recorded[/]: {f}", highlight=False)
     for method, m in report["methods"].items():
         out.print(
             f"\n[bold]{method}[/]: top-1 {m['hits']}/{m['n']} = {_f(m['accuracy'])} "
@@ -239,6 +241,7 @@ def register(app: typer.Typer) -> None:
         target = options.journal_target or EVAL_JOURNAL
         if "://" not in target:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
+        failures: list[str] = []
         with Journal(target, create=not runs) as j, _progress() as bar:
             if runs:
                 run_ids = [j.run(r).run_id for r in runs]
@@ -253,8 +256,11 @@ def register(app: typer.Typer) -> None:
                     rounds=rounds,
                     server=spec.get("base_url"),
                     progress=lambda d, t: bar.update(task, completed=d, total=t),
+                    failures=failures,
                 )
                 bar.remove_task(task)
+                if not run_ids:
+                    fail(f"no game completed; first failure: {failures[0]}")
             task = bar.add_task("detecting", total=len(run_ids) * len(methods))
             report = evaluate(
                 j,
@@ -266,6 +272,7 @@ def register(app: typer.Typer) -> None:
                 progress=lambda d, t: bar.update(task, completed=d, total=t),
             )
         report["journal"] = target
+        report["failed_games"] = failures
         report["seed"] = seed if not runs else None
         if as_json:
             emit_json(report)

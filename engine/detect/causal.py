@@ -163,6 +163,8 @@ def causal_scores(
     concurrency: int = 1,
     progress: Any = None,
 ) -> CausalResult:
+    """Race the agents' reference swaps (module docstring); `sequential=False` spends
+    `k_max` forward runs on every agent."""
     if not 1 <= k_min <= k_max:
         raise EngineError(f"causal detection needs 1 <= k_min <= k_max, got {k_min}, {k_max}")
     if not 0.5 < level < 1.0:

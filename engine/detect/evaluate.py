@@ -67,8 +67,12 @@ def record_games(
     rounds: int | None = None,
     server: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    failures: list[str] | None = None,
 ) -> list[str]:
-    """Record n heists with seeds seed .. seed + n - 1; their run ids."""
+    """Record n heists with seeds seed .. seed + n - 1; the ids of those that completed.
+
+    A game that fails (an LLM server error, say) is closed in the journal and left out; its
+    seed and error go to `failures` when given, else the evaluation stops with the error."""
     from engine.heist.session import DEFAULT_ROUNDS, record_heist
 
     runs = []
@@ -80,11 +84,14 @@ def record_games(
             rounds=rounds or DEFAULT_ROUNDS,
             config_path=config_path,
             server=server,
-            label=f"detect-eval seed {seed + i}",
+            label="detect-eval",  # never the seed: the seed names the mole
         )
         if r.status != "completed":
-            raise DetectError(f"recording game seed {seed + i} ended {r.status}: {r.error}")
-        runs.append(r.run_id)
+            if failures is None:
+                raise DetectError(f"recording game seed {seed + i} ended {r.status}: {r.error}")
+            failures.append(f"seed {seed + i}: {r.status}: {r.error}")
+        else:
+            runs.append(r.run_id)
         if progress is not None:
             progress(i + 1, n)
     return runs
