@@ -36,9 +36,6 @@ from engine.commands.common import (
 from engine.errors import EngineError
 from engine.terminal import printable
 
-# imported: from here on Ctrl-C is a KeyboardInterrupt that main() turns into one line
-signal.signal(signal.SIGINT, signal.default_int_handler)
-
 app = typer.Typer(
     # plain click help: rich help shows every flag as `<bool>` and wraps it at 80 columns
     rich_markup_mode=None,
@@ -441,6 +438,10 @@ def main() -> None:
         from click import exceptions as click_exc  # type: ignore[no-redef]
 
     from engine.workers import hard_exit
+
+    # everything is imported (the command groups too, at the end of this module): from here on
+    # Ctrl-C is a KeyboardInterrupt that the handlers below turn into one line
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:
         rv = app(standalone_mode=False)
