@@ -47,3 +47,18 @@ def fail(message: str, code: int = 1) -> None:
     first = " ".join(message.split())
     sys.stderr.write(f"error: {first}\n")
     raise SystemExit(code)
+
+
+def progress() -> Any:
+    """A progress bar on stderr, shown only when stderr is a terminal (never mixed into --json)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )

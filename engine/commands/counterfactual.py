@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from engine.commands.common import JsonOpt, emit_json, err, fail, open_journal, out
+from engine.commands.common import JsonOpt, emit_json, fail, open_journal, out, progress
 from engine.errors import InterventionError
 
 OPS = ("resample", "action", "observation", "context", "policy")
@@ -102,21 +102,6 @@ def _timeout(value: float | None) -> float | None:
             param_hint="'--timeout'",
         )
     return value
-
-
-def _progress() -> Any:
-    """A progress bar on stderr, shown only when stderr is a terminal (never mixed into --json)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
 
 
 def _policy_override(
@@ -208,7 +193,7 @@ def fidelity_cmd(
     from engine.workers import interruptible
 
     override = _policy_override(base_url, model, timeout, drift)
-    with interruptible(), open_journal(create=False) as j, _progress() as bar:
+    with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task("re-executing steps", total=None)
         report = fidelity(
@@ -294,7 +279,7 @@ def fork_cmd(
     except InterventionError as e:
         raise typer.BadParameter(str(e), param_hint="'--value'") from e
     override = _policy_override(base_url, model, timeout)
-    with interruptible(), open_journal(create=False) as j, _progress() as bar:
+    with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task(f"branches do_{do}@{at}", total=n)
         report = fork_many(
@@ -369,7 +354,7 @@ def validate_cmd(
     if not models:
         fail("no models to validate (give model files or drop --no-builtin)")
     rule = family_rule(models, players, alpha)
-    with _progress() as bar:
+    with progress() as bar:
         task = bar.add_task("forward runs", total=None)
         reports = validate(
             models,
@@ -480,7 +465,7 @@ def attribute_cmd(
         raise typer.BadParameter(
             f"must lie strictly between 0 and 0.5, got {half_width}", param_hint="'--half-width'"
         )
-    with interruptible(), open_journal(create=False) as j, _progress() as bar:
+    with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task(f"{method} forward runs", total=None)
         data = attribute_run(

@@ -9,26 +9,19 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from engine.commands.common import JsonOpt, emit_json, err, fail, open_journal, options, out
+from engine.commands.common import (
+    JsonOpt,
+    emit_json,
+    fail,
+    open_journal,
+    options,
+    out,
+    progress,
+)
 from engine.terminal import printable
 
 METHOD_HELP = "rules | llm | rules+llm | causal | replay"
 EVAL_JOURNAL = "recordings/detect-eval.db"
-
-
-def _progress() -> Any:
-    """A progress bar on stderr, shown only when stderr is a terminal (never mixed into --json)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
 
 
 def _detect_options(
@@ -181,7 +174,7 @@ def register(app: typer.Typer) -> None:
         re-execute the crew); `confidence` is a calibrated probability."""
         from engine.detect import analyze
 
-        with open_journal(create=False) as j, _progress() as bar:
+        with open_journal(create=False) as j, progress() as bar:
             task = bar.add_task(f"detect ({method})", total=None)
             opts = _detect_options(seed, k_max, fixed, timeout)
             if method in ("causal", "replay"):
@@ -242,7 +235,7 @@ def register(app: typer.Typer) -> None:
         if "://" not in target:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
         failures: list[str] = []
-        with Journal(target, create=not runs) as j, _progress() as bar:
+        with Journal(target, create=not runs) as j, progress() as bar:
             if runs:
                 run_ids = [j.run(r).run_id for r in runs]
             else:
