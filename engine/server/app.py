@@ -131,6 +131,8 @@ class AttributionRequest(_Body):
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     concurrency: int = Field(default=1, ge=1, le=16)
     half_width: float = Field(default=0.1, gt=0.0, le=1.0)
+    # like `car attribute --all-steps`: by default the scan stops at the point of commitment
+    all_steps: bool = False
 
 
 # ------------------------------------------------------------------ app
@@ -452,6 +454,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 seed=body.seed,
                 concurrency=body.concurrency,
                 half_width=body.half_width,
+                all_steps=body.all_steps,
             )
         except (ConfigError, InterventionError) as e:
             raise ApiError(422, str(e), session_id=run_id) from e
