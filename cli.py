@@ -3,9 +3,8 @@
 # ruff: noqa: E402  (the SIGINT handler below must be installed before the slow imports)
 from __future__ import annotations
 
+import _signal  # the C module: importing `signal` itself takes a while (it builds enums)
 import os
-import signal
-import sys
 
 
 def _interrupted_while_starting(*_: object) -> None:
@@ -15,8 +14,9 @@ def _interrupted_while_starting(*_: object) -> None:
     os._exit(130)
 
 
-signal.signal(signal.SIGINT, _interrupted_while_starting)
-
+_signal.signal(_signal.SIGINT, _interrupted_while_starting)
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +29,7 @@ from engine.commands.common import (
     JsonOpt,
     emit_json,
     fail,
+    journal_target,
     open_journal,
     options,
     out,
@@ -248,6 +249,7 @@ def _print_step(k: int, agent: str, events: list[Any]) -> None:
     from rich.text import Text
 
     from engine import events as ev
+    from engine.terminal import printable
 
     for e in events:
         if isinstance(e, ev.ChatMessage):
@@ -262,6 +264,16 @@ def _print_step(k: int, agent: str, events: list[Any]) -> None:
                 Text(f"      -> {tool}: {views._clip(printable(shown), 90)}", style="dim"),
                 highlight=False,
             )
+
+
+def _interrupted(line: str = "interrupted") -> None:
+    """Exit 130 with one line once everything is closed. The interpreter's own teardown of
+    the loaded libraries is skipped: under load it alone takes a second or more, and a user
+    who pressed Ctrl-C waits for it."""
+    sys.stderr.write(line + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 @app.command("heist")
@@ -318,14 +330,20 @@ def heist_cmd(
         )
     import signal
 
-    # Ctrl-C from here on stops the run where its last whole step ended (an LLM call in
-    # flight is aborted), journals the stop and exits 130; a second Ctrl-C is ignored
-    # while the run is being closed, which takes milliseconds.
+    # Ctrl-C stops the run where its last whole step ended (an LLM call in flight is
+    # aborted), journals the stop and exits 130. Until the run can be stopped that way -
+    # while importing, or while a brand-new journal file is being created - nothing of value
+    # is open, so Ctrl-C leaves at once (a new journal's creation is one transaction that a
+    # kill rolls back).
     interrupts: list[str] = []
     pol: Any = None
     control: Any = None
+    leave_at_once = True
 
     def on_sigint(*_: object) -> None:
+        if leave_at_once:
+            os.write(2, b"interrupted\n")
+            os._exit(130)
         interrupts.append("interrupted")
         if control is not None:
             control.request("stop", "interrupted")
@@ -335,12 +353,17 @@ def heist_cmd(
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
+        import importlib
+
+        # opening a journal needs alembic (~0.5 s to import): imported while Ctrl-C still
+        # leaves at once, so that the open itself is short
+        for module in ("alembic.command", "alembic.config", "alembic.runtime.migration",
+                       "alembic.script"):  # fmt: skip
+            importlib.import_module(module)
         from engine.heist.session import record_heist
         from engine.runtime.control import ControlChannel
 
         control = ControlChannel()
-        if interrupts:
-            raise KeyboardInterrupt
         pol = _policy_from_options(
             policy,
             base_url,
@@ -354,9 +377,13 @@ def heist_cmd(
         )
         root_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
         stream = None if (quiet or as_json) else _print_step
+        target = journal_target()
+        # opening an existing journal may upgrade it: that is not cut short
+        leave_at_once = "://" not in target and not Path(target).expanduser().exists()
         with open_journal() as j:
+            leave_at_once = False
             if interrupts:  # before the run exists: nothing to close
-                raise KeyboardInterrupt
+                _interrupted()
             result = record_heist(
                 j,
                 pol,
@@ -371,50 +398,53 @@ def heist_cmd(
                 server=base_url if policy == "openai" else None,
             )
             agents = list(j.events(result.run_id, 1)[0].agents)  # type: ignore[union-attr]
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        from engine.terminal import printable
 
-    outcome = result.outcome
-    data = {
-        "run_id": result.run_id,
-        "agents": agents,
-        "steps": result.steps,
-        "seed": root_seed,
-        "policy": policy,
-        "status": result.status,
-        "outcome": {
-            "bad": outcome.get("bad"),
-            "score": outcome.get("score"),
-            "reasons": outcome.get("reasons", []),
-            "plan": outcome.get("plan", {}),
-        },
-        "error": result.error,
-    }
-    if as_json:
-        emit_json(data)
-    else:
-        out.print(
-            f"\n[bold]run {result.run_id}[/] ({result.status}, {result.steps} steps, "
-            f"seed {root_seed})",
-            highlight=False,
-        )
-        if result.status == "completed":
-            verdict = "[red]BAD: the plan would fail[/]" if outcome.get("bad") else "[green]OK[/]"
-            out.print(f"outcome: {verdict}  score={outcome.get('score', 0):.3f}", highlight=False)
-            for r in outcome.get("reasons", []):
-                out.print(f"  - {printable(str(r))}", highlight=False, markup=False)
+        outcome = result.outcome
+        data = {
+            "run_id": result.run_id,
+            "agents": agents,
+            "steps": result.steps,
+            "seed": root_seed,
+            "policy": policy,
+            "status": result.status,
+            "outcome": {
+                "bad": outcome.get("bad"),
+                "score": outcome.get("score"),
+                "reasons": outcome.get("reasons", []),
+                "plan": outcome.get("plan", {}),
+            },
+            "error": result.error,
+        }
+        if as_json:
+            emit_json(data)
+        else:
             out.print(
-                f"next: car accuse {result.run_id} AGENT   |   car fidelity {result.run_id}",
+                f"\n[bold]run {result.run_id}[/] ({result.status}, {result.steps} steps, "
+                f"seed {root_seed})",
                 highlight=False,
             )
-    if result.status == "failed":
-        fail(f"run {result.run_id} failed and was closed in the journal: {result.error}")
-    if result.status == "stopped":
-        sys.stderr.write(f"stopped: run {result.run_id} was closed after {result.steps} steps\n")
-        raise SystemExit(130)
-    if interrupts:
-        sys.stderr.write(f"interrupted: run {result.run_id} had already {result.status}\n")
-        raise SystemExit(130)
+            if result.status == "completed":
+                verdict = (
+                    "[red]BAD: the plan would fail[/]" if outcome.get("bad") else "[green]OK[/]"
+                )
+                out.print(
+                    f"outcome: {verdict}  score={outcome.get('score', 0):.3f}", highlight=False
+                )
+                for r in outcome.get("reasons", []):
+                    out.print(f"  - {printable(str(r))}", highlight=False, markup=False)
+                out.print(
+                    f"next: car accuse {result.run_id} AGENT   |   car fidelity {result.run_id}",
+                    highlight=False,
+                )
+        if result.status == "failed":
+            fail(f"run {result.run_id} failed and was closed in the journal: {result.error}")
+        if result.status == "stopped":
+            _interrupted(f"stopped: run {result.run_id} was closed after {result.steps} steps")
+        if interrupts:
+            _interrupted(f"interrupted: run {result.run_id} had already {result.status}")
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # each command group registers itself; cli.py stays the assembly
