@@ -257,12 +257,13 @@ def externalize(
         return payload, texts  # too short to hold a long text
     memo = digests if digests is not None else {}
     ext = msgspec.msgpack.Ext
+    short = MIN_TEXT // 4
 
     def walk(v: Any) -> Any:
         t = type(v)
         if t is str:
             # a str of fewer than MIN_TEXT/4 characters cannot reach MIN_TEXT UTF-8 bytes
-            if len(v) < MIN_TEXT // 4:
+            if len(v) < short:
                 return v
             d = memo.get(v)
             if d is None:
@@ -272,10 +273,11 @@ def externalize(
                 d = memo[v] = text_digest(body)
             texts[d] = v
             return ext(TEXT_EXT, d)
+        # short strings (roles, names, kinds) are most of the values: kept without a call
         if t is list:
-            return [walk(x) for x in v]
+            return [x if type(x) is str and len(x) < short else walk(x) for x in v]
         if t is dict:
-            return {k: walk(x) for k, x in v.items()}
+            return {k: x if type(x) is str and len(x) < short else walk(x) for k, x in v.items()}
         return v
 
     raw = _raw_decoder.decode(payload)
