@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.tree import Tree
 
 from engine import projections as views
 from engine.commands import journal as journal_commands
@@ -139,12 +138,14 @@ def show_cmd(
             out.print(f"  - {printable(str(reason))}", highlight=False, markup=False)
     tree_data = data["branches"]
     if tree_data["children"] and depth > 0:
+        from rich.tree import Tree  # ~40 ms at import: only when a tree is printed
+
         tree = Tree(f"[bold]{tree_data['run_id']}[/]")
         _add_branches(tree, tree_data["children"], depth, limit)
         out.print(tree)
 
 
-def _add_branches(node: Tree, children: list[dict[str, Any]], depth: int, limit: int) -> None:
+def _add_branches(node: Any, children: list[dict[str, Any]], depth: int, limit: int) -> None:
     """Print `limit` branches a level and `depth` levels; say how many were left out."""
     for c in children[:limit]:
         label = f"{c['run_id']} @step {c['fork_step']} {c.get('op') or ''} {c.get('verdict') or ''}"
@@ -467,7 +468,11 @@ def main() -> None:
     except ImportError:  # pragma: no cover
         from click import exceptions as click_exc  # type: ignore[no-redef]
 
-    from engine.workers import hard_exit
+    def hard_exit(message: str) -> None:
+        # engine.workers brings multiprocessing (~40 ms): imported only on an interrupt
+        from engine.workers import hard_exit as exit_now
+
+        exit_now(message)
 
     # everything is imported (the command groups too, at the end of this module): from here on
     # Ctrl-C is a KeyboardInterrupt that the handlers below turn into one line

@@ -243,25 +243,41 @@ def text_key(digest: bytes) -> str:
     return TEXT_PREFIX + digest.hex()
 
 
-def externalize(payload: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+def externalize(
+    payload: bytes, digests: dict[str, bytes] | None = None
+) -> tuple[bytes, dict[bytes, str]]:
     """The stored form of an encoded event and the texts it refers to: every string of at
-    least MIN_TEXT bytes becomes a reference (digest -> UTF-8 bytes). Unchanged bytes when the
-    event holds no such string."""
-    texts: dict[bytes, bytes] = {}
+    least MIN_TEXT UTF-8 bytes becomes a reference (digest -> the text). Unchanged bytes when
+    the event holds no such string.
+
+    `digests` is the caller's memo of text -> digest: the same texts recur in every request
+    of a run, and looking a string up costs far less than encoding and hashing it again."""
+    texts: dict[bytes, str] = {}
     if len(payload) < MIN_TEXT:
         return payload, texts  # too short to hold a long text
+    memo = digests if digests is not None else {}
+    ext = msgspec.msgpack.Ext
+    short = MIN_TEXT // 4
 
     def walk(v: Any) -> Any:
-        if isinstance(v, str):
-            if len(v) < MIN_TEXT // 4 or len(body := v.encode()) < MIN_TEXT:
+        t = type(v)
+        if t is str:
+            # a str of fewer than MIN_TEXT/4 characters cannot reach MIN_TEXT UTF-8 bytes
+            if len(v) < short:
                 return v
-            d = text_digest(body)
-            texts[d] = body
-            return msgspec.msgpack.Ext(TEXT_EXT, d)
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        if isinstance(v, dict):
-            return {k: walk(x) for k, x in v.items()}
+            d = memo.get(v)
+            if d is None:
+                body = v.encode()
+                if len(body) < MIN_TEXT:
+                    return v
+                d = memo[v] = text_digest(body)
+            texts[d] = v
+            return ext(TEXT_EXT, d)
+        # short strings (roles, names, kinds) are most of the values: kept without a call
+        if t is list:
+            return [x if type(x) is str and len(x) < short else walk(x) for x in v]
+        if t is dict:
+            return {k: x if type(x) is str and len(x) < short else walk(x) for k, x in v.items()}
         return v
 
     raw = _raw_decoder.decode(payload)

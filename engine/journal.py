@@ -227,6 +227,7 @@ class Journal:
         self._head_hash: dict[str, tuple[int, str]] = {}
         self._known_texts: set[bytes] = set()
         self._pending_texts: dict[bytes, bytes] = {}
+        self._digests: dict[str, bytes] = {}  # text -> digest, memo of externalize
         self._text_cache: dict[bytes, bytes] = {}
         self._engine: Any = None
         self.revision: str | None = None
@@ -642,11 +643,14 @@ class Journal:
         payloads holding references. The hashes stay those of the full payloads."""
         out: list[EventRow] = []
         new: dict[bytes, bytes] = {}
+        known = self._known_texts
+        if len(self._digests) > 50_000:
+            self._digests.clear()
         for r in rows:
-            compact, texts = ev.externalize(r[5])
+            compact, texts = ev.externalize(r[5], self._digests)
             for d, body in texts.items():
-                if d not in self._known_texts:
-                    new[d] = body
+                if d not in known and d not in new:
+                    new[d] = body.encode()
             out.append((r[0], r[1], r[2], r[3], r[4], compact, r[6]))
         if new:
             if self.is_sqlite:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.table import Table
 
 from engine.commands.common import JsonOpt, emit_json, fail, open_journal, out, progress
 from engine.errors import InterventionError
@@ -215,7 +214,7 @@ def fidelity_cmd(
         + (f", {report.skipped} forced/failed skipped" if report.skipped else ""),
         highlight=False,
     )
-    table = Table(box=None, header_style="bold")
+    table = _table(box=None, header_style="bold")
     for col in ("agent", "steps", "exact", "normalised"):
         table.add_column(col)
     for agent, a in report.per_agent.items():
@@ -395,7 +394,7 @@ def _print_validation(d: dict[str, Any]) -> None:
         + f"); intervals at {100 * d['level']:.3f}%",
         highlight=False,
     )
-    t = Table(box=None, header_style="bold")
+    t = _table(box=None, header_style="bold")
     for col in ("step", "effect", "CI", "n", "exact", "covered"):
         t.add_column(col)
     for c in d["contrastive"]:
@@ -408,7 +407,7 @@ def _print_validation(d: dict[str, Any]) -> None:
             "yes" if c["covered"] else "[red]NO[/]",
         )
     out.print(t)
-    t = Table(box=None, header_style="bold")
+    t = _table(box=None, header_style="bold")
     for col in ("player", "phi", "CI", "exact", "covered"):
         t.add_column(col)
     for c in d["shapley"]:
@@ -484,7 +483,7 @@ def attribute_cmd(
     if as_json:
         emit_json(data)
         return
-    t = Table(box=None, header_style="bold")
+    t = _table(box=None, header_style="bold")
     if method == "contrastive":
         for col, width in (("step", 4), ("agent", 11), ("effect", 6), ("95% CI", 16), ("n", 4)):
             t.add_column(col, no_wrap=True, min_width=width)
@@ -576,3 +575,10 @@ def register(app: typer.Typer) -> None:
     app.command("fork")(fork_cmd)
     app.command("validate")(validate_cmd)
     app.command("attribute")(attribute_cmd)
+
+
+def _table(**options: Any) -> Any:
+    """A rich Table, imported when a command prints one (not at the CLI's start-up)."""
+    from rich.table import Table
+
+    return Table(**options)

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from engine.commands.common import (
@@ -50,7 +49,7 @@ def _print_analysis(d: dict[str, Any]) -> None:
         f"[bold]{d['suggested_mole']}[/] (confidence {d['confidence']:.2f}{calibrated})",
         highlight=False,
     )
-    t = Table(box=None, header_style="bold")
+    t = _table(box=None, header_style="bold")
     method = d["method"]
     signals = method not in ("causal", "replay")  # their score is not the rules' (--json has it)
     cols = ["agent", "tool", "timing", "message", "info"] if signals else ["agent"]
@@ -122,20 +121,20 @@ def _print_eval(report: dict[str, Any]) -> None:
             + (f"; LLM unusable in {m['degraded']} games" if m["degraded"] else ""),
             highlight=False,
         )
-        t = Table(box=None, header_style="bold")
+        t = _table(box=None, header_style="bold")
         for c in ("strategy", "games", "top-1", "95% CI", "AUROC"):
             t.add_column(c, no_wrap=True)
         for s, r in m["per_strategy"].items():
             t.add_row(s, str(r["n"]), _f(r["accuracy"]), _ci(r["ci95"]), _f(r["auroc"]))
         out.print(t)
-        t = Table(box=None, header_style="bold", title="reliability of confidence")
+        t = _table(box=None, header_style="bold", title="reliability of confidence")
         for c in ("confidence", "games", "mean conf.", "hit rate"):
             t.add_column(c, no_wrap=True)
         for r in m["reliability"]:
             t.add_row(r["bin"], str(r["games"]), _f(r["mean_confidence"]), _f(r["accuracy"]))
         out.print(t)
         agents = sorted({a for row in m["confusion"].values() for a in row} | set(m["confusion"]))
-        t = Table(box=None, header_style="bold", title="confusion (true mole x suggested)")
+        t = _table(box=None, header_style="bold", title="confusion (true mole x suggested)")
         t.add_column("mole \\ suggested", no_wrap=True)
         for a in agents:
             t.add_column(a, no_wrap=True)
@@ -271,3 +270,10 @@ def register(app: typer.Typer) -> None:
             emit_json(report)
             return
         _print_eval(report)
+
+
+def _table(**options: Any) -> Any:
+    """A rich Table, imported when a command prints one (not at the CLI's start-up)."""
+    from rich.table import Table
+
+    return Table(**options)
