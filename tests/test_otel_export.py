@@ -1,5 +1,5 @@
 """`car export`: runs as OTLP/JSON traces that the OpenTelemetry schema accepts, with the span
-layout, links and attributes of docs/decisions.md (entry 12), and never the secret."""
+layout, links and attributes of docs/decisions.md (entry 17), and never the secret."""
 
 from __future__ import annotations
 

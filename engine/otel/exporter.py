@@ -1,6 +1,6 @@
 """Runs as OTLP/JSON traces: one trace per run, branches as their own traces linked to their parent.
 
-Span layout (docs/decisions.md, entry 12):
+Span layout (docs/decisions.md, entry 17):
 
     car.run <scenario>              root, OpenInference CHAIN; outcome, intervention, controls
       invoke_agent <agent>          one per agent turn (step), AGENT

@@ -1,6 +1,6 @@
 """What an export may read of a run: the public view, and the public facts of its LLM calls.
 
-The rule (docs/decisions.md, entry 12): an export is a function of what is public. For a run
+The rule (docs/decisions.md, entry 17): an export is a function of what is public. For a run
 whose scenario can hold a secret (the heist: the mole's recorded request holds its instructions,
 and the run's seeds decide who the mole is), that is
 
