@@ -70,8 +70,10 @@ class PublicRun(msgspec.Struct, frozen=True):
     interventions: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
-def _public_rows(journal: Journal, run_id: str, after_seq: int = -1) -> Iterator[StoredEvent]:
-    for stored in journal.read(run_id, max(0, after_seq + 1)):
+def _public_rows(
+    journal: Journal, run_id: str, after_seq: int = -1, stop: int | None = None
+) -> Iterator[StoredEvent]:
+    for stored in journal.read(run_id, max(0, after_seq + 1), stop):
         if stored.kind not in _HIDDEN_KINDS:
             yield stored
 
@@ -101,8 +103,16 @@ def public_view(journal: Journal, run_id: str) -> PublicRun:
     outcome: dict[str, Any] | None = None
     verdict: dict[str, Any] | None = None
     fork_step: int | None = None
-    for stored in _public_rows(journal, info.run_id):
+    # one consistent cut while a writer appends: the status first, then the events up to the
+    # head seen after it, and the step count from those same events (a completed run read
+    # this way always shows all of its steps)
+    status = journal.status(info.run_id)
+    head = journal.head(info.run_id)
+    steps = 0
+    for stored in _public_rows(journal, info.run_id, stop=head):
         e = stored.event
+        if stored.step is not None:
+            steps = max(steps, stored.step + 1)
         if isinstance(e, ev.ChatMessage):
             messages.append(PublicMessage(stored.seq, e.step or 0, e.agent, e.text))
         elif isinstance(e, ev.ToolResult):
@@ -125,7 +135,6 @@ def public_view(journal: Journal, run_id: str) -> PublicRun:
             outcome = dict(e.outcome) if e.status == "completed" else None
         elif isinstance(e, ev.SuspicionDeclared):
             verdict = _verdict(e)
-    status = journal.status(info.run_id)
     if status in ("recording", "paused"):
         outcome = None  # an ancestor's RunEnded is not this branch's outcome
     return PublicRun(
@@ -133,7 +142,7 @@ def public_view(journal: Journal, run_id: str) -> PublicRun:
         scenario=str(started.get("scenario", info.scenario)),
         agents=list(started.get("agents", [])),
         status=status,
-        steps=journal.steps(info.run_id),
+        steps=steps,
         parent_run_id=info.parent_run_id,
         fork_step=fork_step,
         outcome=outcome,

@@ -160,3 +160,50 @@ def test_no_secret_string_in_any_non_reveal_output(tmp_path: Path) -> None:
         assert "root_seed" not in blob and "world_seed" not in blob
     revealed = CliRunner().invoke(cli.app, ["--journal", str(path), "show", runs[0], "--reveal"])
     assert "TIMING_ERRORS" in revealed.output
+
+
+def test_a_view_read_while_the_run_ends_is_one_consistent_cut(tmp_path: Path) -> None:
+    """A view taken while the writer appends shows a status and the events of one moment: a run
+    it calls completed shows every step's message. The writer pauses after step 2 and finishes
+    exactly when the reader asks for the status (a scheduling hook: the worst interleaving,
+    made deterministic; the journal, the writer thread and the heist are real)."""
+    import threading
+
+    path = tmp_path / "j.db"
+    paused, release = threading.Event(), threading.Event()
+    run_ids: list[str] = []
+
+    def on_step(k: int, agent: str, events: list[ev.Event]) -> None:
+        if k == 2:
+            paused.set()
+            release.wait(30)
+
+    def write() -> None:
+        with Journal(path) as w:
+            record_heist(
+                w,
+                SimPolicy(),
+                seed=5,
+                rounds=1,
+                group_ms=0,
+                on_step=on_step,
+                on_created=run_ids.append,
+            )
+
+    writer = threading.Thread(target=write)
+    Journal(path).close()  # the schema exists before either side opens it
+    writer.start()
+    assert paused.wait(30)
+
+    class FinishingAtStatus(Journal):
+        def status(self, run_id: str) -> str:
+            release.set()
+            writer.join(30)
+            return super().status(run_id)
+
+    with FinishingAtStatus(path, readonly=True) as r:
+        view = public_view(r, run_ids[0])
+    writer.join(30)
+    assert view.status == "completed"
+    assert view.steps == len(AGENTS)
+    assert [m.agent for m in view.messages] == list(AGENTS)
