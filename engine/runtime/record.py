@@ -63,8 +63,8 @@ def record_run(
 ) -> EpisodeResult:
     """Record one run from scratch; step k is decided with step_seed(seed, k).
 
-    `opening` is what the scenario journals after RunStarted and before the first step (the
-    heist's secret MoleAssigned). `on_created(run_id)` is called once the opening events are
+    `opening` is what the scenario journals after RunStarted and before the first step (a
+    secret, say). `on_created(run_id)` is called once the opening events are
     committed (a live viewer can follow the run from then on); `group_ms=0` commits every step
     on its own."""
     clk = clock or SystemClock()
