@@ -33,7 +33,7 @@ from engine import events as ev
 from engine.detect.reference import ReferenceView, SwapOne, reference_inner
 from engine.detect.stats import newcombe, wilson
 from engine.errors import EngineError, PolicyError
-from engine.executors.base import ExecutorOptions, make_executor
+from engine.executors.base import Executor, ExecutorOptions, make_executor
 from engine.heist.session import HeistScenario
 from engine.interventions import (
     BranchResult,
@@ -176,7 +176,7 @@ def causal_scores(
     seed: int = 0,
     concurrency: int = 1,
     progress: Any = None,
-    executor: ExecutorOptions | None = None,
+    executor: ExecutorOptions | Executor | None = None,
 ) -> CausalResult:
     """Race the agents' reference swaps (module docstring); `sequential=False` spends
     `k_max` forward runs on every agent."""

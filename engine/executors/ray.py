@@ -22,6 +22,7 @@ import contextlib
 import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 INSTALL_HINT = "pip install 'ray==2.60.0' (or the project's [ray] extra)"
 #: Seconds to wait for a TCP connection to the cluster's address before calling it unreachable.
 CONNECT_TIMEOUT = 5.0
+#: Seconds `ray.init` may take to join a cluster that answers.
+CONNECT_DEADLINE = float(os.environ.get("CAR_RAY_CONNECT_DEADLINE", "60"))
 
 
 def import_ray() -> Any:
@@ -80,6 +83,30 @@ def _check_reachable(address: str) -> None:
         raise EngineError(f"cannot reach the Ray cluster at {address!r}: {e}") from e
 
 
+def _init_within(ray: Any, seconds: float, **options: Any) -> None:
+    """ray.init, given up after `seconds`: a cluster that listens but never lets the driver in
+    (a wrong RAY_AUTH_TOKEN, say) makes Ray retry without end."""
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            ray.init(**options)
+        except BaseException as e:
+            failure.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=attempt, daemon=True, name="ray-connect").start()
+    if not done.wait(seconds):
+        raise EngineError(
+            f"the Ray cluster at {options.get('address')!r} did not let this driver in within "
+            f"{seconds:.0f} s (is RAY_AUTH_TOKEN the cluster's token?)"
+        )
+    if failure:
+        raise failure[0]
+
+
 def connect(address: str | None, *, num_cpus: int | None = None) -> Any:
     """ray, initialised: a new local instance for this command (address None), or a
     connection to a running cluster (auto, HOST:PORT, ray://HOST:PORT)."""
@@ -93,7 +120,7 @@ def connect(address: str | None, *, num_cpus: int | None = None) -> Any:
             return ray
         target = _auto_address() if address == "auto" else address
         _check_reachable(target.removeprefix("ray://"))
-        ray.init(address=target, **quiet)
+        _init_within(ray, CONNECT_DEADLINE, address=target, **quiet)
     except (EngineError, ConfigError):
         raise
     except Exception as e:  # ConnectionError, RuntimeError, grpc errors: one line, not a trace
