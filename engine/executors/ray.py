@@ -22,6 +22,7 @@ import contextlib
 import math
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -45,6 +46,9 @@ CONNECT_DEADLINE = float(os.environ.get("CAR_RAY_CONNECT_DEADLINE", "60"))
 
 
 def import_ray() -> Any:
+    # the driver's own Ray core logs retries to stderr line by line; a command's errors are
+    # one line of its own (set before the import: Ray reads it when it loads)
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     try:
         import ray
     except ImportError as e:
@@ -97,8 +101,22 @@ def _init_within(ray: Any, seconds: float, **options: Any) -> None:
         finally:
             done.set()
 
+    # Ray's core logs each retry on file descriptor 2 from its own threads: while it tries,
+    # that descriptor points at /dev/null; if it never gets in, Python's stderr moves to a
+    # copy of the real one, so the command's one error line is all the user sees
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
     threading.Thread(target=attempt, daemon=True, name="ray-connect").start()
-    if not done.wait(seconds):
+    joined = done.wait(seconds)
+    if joined:
+        os.dup2(saved, 2)
+        os.close(saved)
+    else:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+            sys.stderr = os.fdopen(saved, "w", buffering=1)
         raise EngineError(
             f"the Ray cluster at {options.get('address')!r} did not let this driver in within "
             f"{seconds:.0f} s (is RAY_AUTH_TOKEN the cluster's token?)"
