@@ -303,3 +303,36 @@ def test_causal_detector_on_ray_equals_local(pg: tuple[Journal, str], ray_addres
     assert remote["executor"]["name"] == "ray"
     assert local["causal"] == remote["causal"]
     assert local["suspicion_scores"] == remote["suspicion_scores"]
+
+
+def _exit_worker(journal: Journal, parent: Any, arg: Any) -> Any:
+    """A job whose worker process exits under it, every time (a crash that repeats)."""
+    os._exit(1)
+
+
+def test_a_forward_run_lost_twice_is_failed_and_counted(
+    pg: tuple[Journal, str], ray_address: str
+) -> None:
+    """A forward run whose worker dies on every attempt (the process exits for real) is run
+    once more on a fresh worker, then reported as a failed forward run; the executor counts one
+    retry and one loss and keeps working: a normal branch after it still runs."""
+    import ray.cloudpickle
+
+    from engine.interventions import BranchSpec, branch_job, parent_info
+
+    j, run = pg
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+    parent = parent_info(j, run)
+    ex = RayExecutor(j, address=ray_address, workers=1)
+    try:
+        got: dict[int, Any] = {}
+        ex.map(j, parent, _exit_worker, [0], got.__setitem__)
+        assert got[0].status == "failed" and got[0].bad is None
+        assert "lost twice" in (got[0].error or "")
+        stats = ex.stats()
+        assert (stats.retried, stats.lost) == (1, 1)
+        ok: dict[int, Any] = {}
+        ex.map(j, parent, branch_job, [(BranchSpec(DoResample(20), 1), None)], ok.__setitem__)
+        assert ok[0].status == "completed" and ok[0].bad is not None
+    finally:
+        ex.close()
