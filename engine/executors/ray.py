@@ -19,6 +19,7 @@ Anything else that goes wrong on the cluster becomes one EngineError line.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import os
 import socket
@@ -137,6 +138,11 @@ def connect(address: str | None, *, num_cpus: int | None = None) -> Any:
             ray.init(num_cpus=num_cpus, include_dashboard=False, **quiet)
             return ray
         target = _auto_address() if address == "auto" else address
+        if target.startswith("ray://") and importlib.util.find_spec("grpc") is None:
+            raise ConfigError(
+                f"--ray-address {target!r} uses Ray Client, which plain ray lacks: "
+                "pip install 'ray[client]==2.60.0', or give the cluster's HOST:PORT"
+            )
         _check_reachable(target.removeprefix("ray://"))
         _init_within(ray, CONNECT_DEADLINE, address=target, **quiet)
     except (EngineError, ConfigError):
