@@ -7,11 +7,9 @@ branch's seed, tools run against the same recorded world, and the same rule scor
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import json
 import math
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +25,7 @@ from engine.errors import (
     InterventionError,
     PolicyError,
 )
+from engine.executors.base import Executor, ExecutorOptions, make_executor
 from engine.journal import Journal
 from engine.policies.base import ChatLine, Policy
 from engine.policies.registry import POLICY_NAMES, make_policy
@@ -36,7 +35,7 @@ from engine.runtime.recorder import Recorder
 from engine.runtime.seeds import step_seed
 from engine.scenario import scenario_factory, scenario_for
 from engine.state import State, apply, edit_transcript, state_at_seq, step_seq
-from engine.workers import GRACE, STOP, Interrupted, StopChannel, WorkerPool, check
+from engine.workers import STOP, Interrupted, StopChannel, WorkerPool, check
 
 
 class DoResample(msgspec.Struct, frozen=True, tag="resample"):
@@ -577,6 +576,8 @@ class ForkReport(msgspec.Struct, frozen=True):
     bad_rate: float | None
     ci: tuple[float, float] | None
     factual_bad: bool | None
+    #: where the branches ran and what was lost on the way (ExecutorStats)
+    executor: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = msgspec.to_builtins(self)
@@ -602,18 +603,12 @@ class BranchSpec(msgspec.Struct, frozen=True):
     keep: dict[int, str] | None = None
 
 
-#: What forked worker processes inherit from the parent: the parent infos by run id.
-_inherited: dict[str, ParentInfo] = {}
-_worker_journals: dict[str, Journal] = {}
-
-
-def _branch_job(job: tuple[str, str, BranchSpec, dict[str, Any] | None]) -> BranchResult:
-    target, run_id, spec, policy_override = job
-    j = _worker_journals.get(target)
-    if j is None:
-        # one journal per worker process: opening checks the schema, which is not free
-        j = _worker_journals[target] = Journal(target)
-    return _branch_in(j, _inherited[run_id], spec, policy_override)
+def branch_job(
+    j: Journal, parent: ParentInfo, arg: tuple[BranchSpec, dict[str, Any] | None]
+) -> BranchResult:
+    """One branch as an executor job (engine/executors): arg is (spec, policy override)."""
+    spec, policy_override = arg
+    return _branch_in(j, parent, spec, policy_override)
 
 
 def _branch_in(
@@ -659,6 +654,7 @@ class BranchRunner:
         thread_policy: bool = False,
         reuse: bool = False,
         all_bases: bool = True,
+        executor: ExecutorOptions | None = None,
     ) -> None:
         if concurrency < 1:
             raise InterventionError(f"concurrency must be at least 1, got {concurrency}")
@@ -682,17 +678,17 @@ class BranchRunner:
         sim = name.startswith("sim") and not thread_policy
         # a server-backed policy always runs in threads, even one at a time: the command can
         # then stop on Ctrl-C while a call hangs, and close that branch itself
-        self.mode = "inline" if sim else "threads"
+        mode = "inline" if sim else "threads"
         if concurrency > 1 and sim:
-            self.mode = "processes" if journal.is_sqlite else "threads"
-        self._procs: WorkerPool | None = None
-        self._threads: cf.ThreadPoolExecutor | None = None
-        if self.mode == "processes":
-            _inherited[parent.run_id] = parent
-            self._procs = WorkerPool(min(concurrency, os.cpu_count() or 1))
-        elif self.mode == "threads":
-            # as wide as the bound: a default pool would silently cap the concurrency
-            self._threads = cf.ThreadPoolExecutor(max_workers=concurrency)
+            mode = "processes" if journal.is_sqlite else "threads"
+        self.executor: Executor = make_executor(
+            executor, journal, parent, concurrency=concurrency, mode=mode
+        )
+        self.mode = mode if self.executor.name == "local" else self.executor.name
+
+    @property
+    def _procs(self) -> WorkerPool | None:
+        return getattr(self.executor, "_procs", None)
 
     def __enter__(self) -> BranchRunner:
         return self
@@ -701,16 +697,7 @@ class BranchRunner:
         self.close(interrupted=exc_type is not None)
 
     def close(self, interrupted: bool = False) -> None:
-        if self._procs is not None:
-            if interrupted:
-                self._procs.stop()
-            else:
-                self._procs.close()
-            self._procs = None
-        if self._threads is not None:
-            # never wait for threads stuck in a network call after an interrupt
-            self._threads.shutdown(wait=not interrupted, cancel_futures=True)
-            self._threads = None
+        self.executor.close(interrupted)
 
     def run(
         self, specs: Sequence[BranchSpec], progress: Progress | None = None
@@ -746,32 +733,14 @@ class BranchRunner:
                 progress(done, total)
 
         try:
-            if self.mode == "processes" and self._procs is not None:
-                target = str(self.journal.path)
-                jobs = [(target, self.parent.run_id, specs[i], self.policy_override) for i in todo]
-                self._procs.run(_branch_job, jobs, lambda n, r: finish(todo[n], r))
-            elif self.mode == "threads" and self._threads is not None:
-                futures = {
-                    self._threads.submit(
-                        _branch_in, self.journal, self.parent, specs[i], self.policy_override
-                    ): i
-                    for i in todo
-                }
-                pending = set(futures)
-                while pending:
-                    finished, pending = cf.wait(
-                        pending, timeout=0.05, return_when=cf.FIRST_COMPLETED
-                    )
-                    for fut in finished:
-                        finish(futures[fut], fut.result())
-                    if STOP.is_set():
-                        # running branches stop at their next step; give them a moment
-                        cf.wait(pending, timeout=GRACE)
-                        raise Interrupted()
-            else:
-                for i in todo:
-                    finish(i, _branch_in(self.journal, self.parent, specs[i], self.policy_override))
-                    check()
+            self.executor.map(
+                self.journal,
+                self.parent,
+                branch_job,
+                [(specs[i], self.policy_override) for i in todo],
+                lambda n, r: finish(todo[n], r),
+                labels=self._labels,
+            )
             check()
         except KeyboardInterrupt as e:
             self.close(interrupted=True)
@@ -828,6 +797,7 @@ def fork_many(
     concurrency: int = 1,
     progress: Progress | None = None,
     policy_override: dict[str, Any] | None = None,
+    executor: ExecutorOptions | None = None,
 ) -> ForkReport:
     """N branches of one intervention; the outcome distribution with a Wilson 95% interval.
 
@@ -856,8 +826,10 @@ def fork_many(
         policy_override=policy_override,
         thread_policy=thread_policy,
         all_bases=False,
+        executor=executor,
     ) as runner:
         branches = runner.run(specs, progress)
+        stats = runner.executor.stats()
     scored = [b for b in branches if b.bad is not None]
     bad = sum(1 for b in scored if b.bad)
     return ForkReport(
@@ -871,6 +843,7 @@ def fork_many(
         bad_rate=bad / len(scored) if scored else None,
         ci=wilson(bad, len(scored)) if scored else None,
         factual_bad=parent.outcome.get("bad"),
+        executor=msgspec.to_builtins(stats),
     )
 
 

@@ -421,3 +421,57 @@ def _read_request(conn: socket.socket) -> Request | None:
             break
         rest += chunk
     return Request(method, path, headers, rest[:need])
+
+
+# --------------------------------------------------------------------------- Ray cluster
+
+
+@contextlib.contextmanager
+def ray_head(tmp: Path, num_cpus: int = 2) -> Iterator[str]:
+    """Start a real one-node Ray cluster (`ray start --head --block`) on 127.0.0.1; yield its
+    address (HOST:PORT). Token authentication with a fresh token, put into this process's
+    environment (RAY_AUTH_MODE, RAY_AUTH_TOKEN) so that it and the commands it starts can join;
+    Ray's files live under `tmp`. Stopped on exit by its own process group, nothing else."""
+    import uuid
+
+    ray_bin = Path(sys.executable).parent / "ray"
+    port = free_port()
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")}
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = uuid.uuid4().hex
+    os.environ.pop("RAY_ADDRESS", None)
+    log = tmp / "ray-start.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(ray_bin), "start", "--head", "--block", f"--port={port}",
+             "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}",
+             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp / 'ray'}"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise ServerError(f"ray start exited {proc.returncode}:\n{_tail(log)}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline:
+                raise ServerError(f"ray start did not listen on {address}:\n{_tail(log)}")
+            time.sleep(0.2)
+        yield address
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` stops what it started
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

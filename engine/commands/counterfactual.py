@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from engine.commands.common import JsonOpt, emit_json, fail, open_journal, out, progress
+from engine.commands.executor_opts import ExecutorOpt, RayAddressOpt, WorkersOpt, executor_options
 from engine.errors import InterventionError
 
 OPS = ("resample", "action", "observation", "context", "policy")
@@ -259,6 +260,9 @@ def fork_cmd(
     base_url: BaseUrlOpt = None,
     model: ModelOpt = None,
     timeout: TimeoutOpt = None,
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
+    workers: WorkersOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fork N branches at step k with one do() intervention; the outcome distribution.
@@ -278,6 +282,7 @@ def fork_cmd(
     except InterventionError as e:
         raise typer.BadParameter(str(e), param_hint="'--value'") from e
     override = _policy_override(base_url, model, timeout)
+    where = executor_options(executor, ray_address, workers)
     with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task(f"branches do_{do}@{at}", total=n)
@@ -290,6 +295,7 @@ def fork_cmd(
             concurrency=concurrency,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
             policy_override=override,
+            executor=where,
         )
     failed = [b for b in report.branches if b.bad is None]
     if as_json:
@@ -309,6 +315,7 @@ def fork_cmd(
         if failed:
             out.print(f"[red]{len(failed)} branches failed[/]: ", end="", highlight=False)
             out.print(str(failed[0].error), markup=False, highlight=False)
+        _print_executor(report.executor)
         out.print("branches: " + " ".join(b.run_id for b in report.branches if b.run_id))
     if failed and len(failed) == len(report.branches):
         fail(f"every branch failed ({len(failed)} of {len(failed)}): {failed[0].error}")
@@ -445,6 +452,9 @@ def attribute_cmd(
     seed: SeedOpt = 0,
     concurrency: ConcurrencyOpt = 1,
     top: Annotated[int, typer.Option("--top", "-n", min=1, help="Rows of the ranked table.")] = 12,
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
+    workers: WorkersOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Which step (or agent) caused the failure: counterfactual forward runs, ranked.
@@ -464,6 +474,7 @@ def attribute_cmd(
         raise typer.BadParameter(
             f"must lie strictly between 0 and 0.5, got {half_width}", param_hint="'--half-width'"
         )
+    where = executor_options(executor, ray_address, workers)
     with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task(f"{method} forward runs", total=None)
@@ -479,6 +490,7 @@ def attribute_cmd(
             half_width=half_width,
             all_steps=all_steps,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
+            executor=where,
         )
     if as_json:
         emit_json(data)
@@ -541,6 +553,21 @@ def attribute_cmd(
         f"{data['branches_reused']} reused from an earlier run with seed {seed})",
         highlight=False,
     )
+    _print_executor(data.get("executor"))
+
+
+def _print_executor(stats: dict[str, Any] | None) -> None:
+    """Where the forward runs ran, and what lost workers cost (only when not local)."""
+    if not stats or stats["name"] == "local":
+        return
+    line = f"executor {stats['name']}: {stats['workers']} workers"
+    if stats["retried"]:
+        line += f"; {stats['retried']} forward runs lost their worker and were run again"
+    if stats["lost"]:
+        line += f"; {stats['lost']} failed (worker lost twice)"
+    if stats["closed"]:
+        line += f"; {stats['closed']} half-run branches closed as stopped"
+    out.print(line, highlight=False)
 
 
 def accuse_cmd(

@@ -17,6 +17,8 @@ from engine.commands.common import (
     out,
     progress,
 )
+from engine.commands.executor_opts import ExecutorOpt, RayAddressOpt, WorkersOpt, executor_options
+from engine.executors.base import ExecutorOptions
 from engine.terminal import printable
 
 METHOD_HELP = "rules | llm | rules+llm | causal | replay"
@@ -167,15 +169,24 @@ def register(app: typer.Typer) -> None:
         timeout: Annotated[
             float | None, typer.Option("--timeout", min=0.1, help="llm: seconds for the answer.")
         ] = None,
+        concurrency: Annotated[
+            int, typer.Option("--concurrency", "-c", min=1, help="causal: forward runs at once.")
+        ] = 1,
+        executor: ExecutorOpt = "local",
+        ray_address: RayAddressOpt = None,
+        workers: WorkersOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Which agent sabotaged the run? Reads the public view only (causal and replay also
         re-execute the crew); `confidence` is a calibrated probability."""
         from engine.detect import analyze
 
+        where = executor_options(executor, ray_address, workers)
         with open_journal(create=False) as j, progress() as bar:
             task = bar.add_task(f"detect ({method})", total=None)
             opts = _detect_options(seed, k_max, fixed, timeout)
+            if method == "causal":
+                opts.update(concurrency=concurrency, executor=where)
             if method in ("causal", "replay"):
                 opts["progress"] = lambda done, total: bar.update(task, completed=done, total=total)
             data = analyze(j, run_id, method=method, base_url=base_url, model=model, **opts)
@@ -214,6 +225,12 @@ def register(app: typer.Typer) -> None:
         k_max: Annotated[
             int | None, typer.Option("--k-max", min=1, help="causal: runs per agent at most.")
         ] = None,
+        concurrency: Annotated[
+            int, typer.Option("--concurrency", "-c", min=1, help="causal: forward runs at once.")
+        ] = 1,
+        executor: ExecutorOpt = "local",
+        ray_address: RayAddressOpt = None,
+        workers: WorkersOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Accuracy of the detector over many games: top-1 with a 95% interval vs random,
@@ -224,6 +241,10 @@ def register(app: typer.Typer) -> None:
         from engine.policies.registry import make_policy
 
         methods = method or ["rules"]
+        where = executor_options(executor, ray_address, workers)
+        causal_opts: dict[str, Any] = {"k_max": k_max} if k_max else {}
+        if "causal" in methods:
+            causal_opts.update(concurrency=concurrency, executor=where)
         if policy not in ("sim", "openai"):
             fail(f"--policy must be sim or openai, got {policy!r}")
         spec: dict[str, Any] = {"name": policy}
@@ -254,15 +275,25 @@ def register(app: typer.Typer) -> None:
                 if not run_ids:
                     fail(f"no game completed; first failure: {failures[0]}")
             task = bar.add_task("detecting", total=len(run_ids) * len(methods))
-            report = evaluate(
-                j,
-                run_ids,
-                methods,
-                base_url=base_url,
-                model=model,
-                options={"k_max": k_max} if k_max else None,
-                progress=lambda d, t: bar.update(task, completed=d, total=t),
-            )
+            if where is not None and "causal" in methods:
+                # one set of workers for every game, not one per game
+                from engine.executors.base import make_executor
+
+                causal_opts["executor"] = make_executor(where, j, concurrency=concurrency)
+            try:
+                report = evaluate(
+                    j,
+                    run_ids,
+                    methods,
+                    base_url=base_url,
+                    model=model,
+                    options=causal_opts or None,
+                    progress=lambda d, t: bar.update(task, completed=d, total=t),
+                )
+            finally:
+                lent = causal_opts.get("executor")
+                if lent is not None and not isinstance(lent, ExecutorOptions):
+                    lent.close()
         report["journal"] = target
         report["failed_games"] = failures
         report["seed"] = seed if not runs else None

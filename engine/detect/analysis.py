@@ -126,7 +126,7 @@ def analyze(
 
     Options: llm — `seed`, `timeout`, `max_tokens`, `journal_llm` (default True);
     causal — `k_max`, `k_min`, `batch`, `level`, `sequential`, `seed`, `concurrency`,
-    `progress`; replay — `progress`."""
+    `progress`, `executor` (ExecutorOptions); replay — `progress`."""
     _pick(options)
     if method not in METHODS:
         raise DetectError(
@@ -191,6 +191,7 @@ def analyze(
                 "seed",
                 "concurrency",
                 "progress",
+                "executor",
             ),
         )
         warnings += c.warnings
@@ -232,6 +233,7 @@ OPTIONS = frozenset(
         "seed",
         "concurrency",
         "progress",
+        "executor",
         "timeout",
         "max_tokens",
         "journal_llm",

@@ -24,14 +24,16 @@ the public config. Every forward run is a journaled branch (op "reference"); a l
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from engine import events as ev
 from engine.detect.reference import ReferenceView, SwapOne, reference_inner
 from engine.detect.stats import newcombe, wilson
 from engine.errors import EngineError, PolicyError
+from engine.executors.base import Executor, ExecutorOptions, make_executor
 from engine.heist import HeistScenario
 from engine.interventions import (
     BranchResult,
@@ -63,6 +65,16 @@ def first_steps(view: PublicRun) -> dict[str, int]:
     return {a: first.get(a, i) for i, a in enumerate(view.agents)}
 
 
+def reference_label(agent: str) -> str:
+    return f"detect: {agent} by reference"
+
+
+def reference_job(journal: Journal, parent: ParentInfo, arg: tuple[str, int, int]) -> BranchResult:
+    """reference_branch as an executor job (engine/executors): arg is (agent, k, branch seed)."""
+    agent, k, branch_seed = arg
+    return reference_branch(journal, parent, agent, k, branch_seed)
+
+
 def reference_branch(
     journal: Journal, parent: ParentInfo, agent: str, k: int, branch_seed: int
 ) -> BranchResult:
@@ -73,7 +85,7 @@ def reference_branch(
     spec = policy_spec_at(s_k)
     own = policy_for(spec)
     swap = SwapOne(own, agent, ReferenceView(scenario), reference_inner(spec))
-    child = journal.fork(parent.run_id, base.fork_seq, label=f"detect: {agent} by reference")
+    child = journal.fork(parent.run_id, base.fork_seq, label=reference_label(agent))
     recorder = Recorder(journal, child, s_k, base.fork_seq, group_ms=DEFAULT_GROUP_MS)
     recorder.append(
         [
@@ -114,6 +126,7 @@ class CausalResult:
     level: float
     sequential: bool
     warnings: list[str] = field(default_factory=list)
+    executor: dict[str, Any] | None = None
 
     def rate(self, a: str) -> float | None:
         return self.bad[a] / self.n[a] if self.n[a] else None
@@ -132,6 +145,7 @@ class CausalResult:
             "separated": self.separated,
             "sequential": self.sequential,
             "level": self.level,
+            "executor": self.executor,
             "causal": {
                 a: {
                     "first_step": self.first_step[a],
@@ -162,6 +176,7 @@ def causal_scores(
     seed: int = 0,
     concurrency: int = 1,
     progress: Any = None,
+    executor: ExecutorOptions | Executor | None = None,
 ) -> CausalResult:
     """Race the agents' reference swaps (module docstring); `sequential=False` spends
     `k_max` forward runs on every agent."""
@@ -186,10 +201,11 @@ def causal_scores(
     separated = False
     last_error: str | None = None
 
-    def job(a: str, i: int) -> tuple[str, BranchResult]:
-        return a, reference_branch(journal, parent, a, first[a], branch_seed_for(seed, i))
-
-    pool = cf.ThreadPoolExecutor(max_workers=concurrency) if concurrency > 1 else None
+    runner = make_executor(
+        executor, journal, parent, concurrency=concurrency,
+        mode="threads" if concurrency > 1 else "inline",
+    )  # fmt: skip
+    labels = {reference_label(a) for a in agents}
     try:
         while active:
             size = batch if sequential else k_max
@@ -200,8 +216,12 @@ def causal_scores(
                     tried[a] += 1
             if not todo:
                 break
-            results = pool.map(lambda t: job(*t), todo) if pool else (job(*t) for t in todo)
-            for a, r in results:
+            got: dict[int, BranchResult] = {}
+            jobs = [(a, first[a], branch_seed_for(seed, i)) for a, i in todo]
+            runner.map(journal, parent, reference_job, jobs, got.__setitem__, labels=labels)
+            # in the order they were asked for, whatever order they finished in
+            for j, (a, _) in enumerate(todo):
+                r = got[j]
                 runs += 1
                 if r.bad is None:
                     failed += 1
@@ -223,10 +243,15 @@ def causal_scores(
             active = [a for a in active if a not in out]
             if best is not None and best not in active and tried[best] < k_max:
                 active.append(best)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    except BaseException:
+        runner.close(interrupted=True)
+        raise
+    runner.close()
+    stats = runner.stats()
     result = CausalResult(agents, first, bad, n, failed, runs, separated, level, sequential)
+    result.executor = msgspec.to_builtins(stats)
+    if stats.retried:
+        result.warnings.append(f"{stats.retried} forward runs lost their worker and were run again")
     if not sequential:
         best, out = _race(agents, bad, n, level)
         result.separated = best is not None and len(out) == len(agents) - 1

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from engine.attribution.base import PlayersKind, Progress
 from engine.attribution.contrastive import ContrastiveMode, contrastive
 from engine.attribution.shapley import shapley
 from engine.errors import ConfigError
+from engine.executors.base import ExecutorOptions
 from engine.heist.forward_model import HeistForwardModel
 from engine.journal import Journal
 
@@ -31,6 +33,7 @@ def attribute_run(
     all_steps: bool = False,
     reuse: bool = True,
     progress: Progress | None = None,
+    executor: ExecutorOptions | None = None,
 ) -> dict[str, Any]:
     """Attribute a failed heist to its steps (or agents); plain data for the CLI.
 
@@ -42,10 +45,16 @@ def attribute_run(
     if method == "contrastive" and players != "steps":
         raise ConfigError("--players applies to --method shapley only")
     kind = PlayersKind.parse(players)
-    with HeistForwardModel(journal, run_id, concurrency=concurrency, reuse=reuse) as model:
+    with HeistForwardModel(
+        journal, run_id, concurrency=concurrency, reuse=reuse, executor=executor
+    ) as model:
         out = _attribute(model, method, kind, k, budget, seed, half_width, all_steps, progress)
+        stats = model.runner.executor.stats()
     out["branches_added"] = model.created
     out["branches_reused"] = model.reused
+    # forward runs re-run after their worker was lost, and those lost twice (not scored)
+    out["executor"] = msgspec.to_builtins(stats)
+    out["forward_runs_failed"] = stats.lost
     return out
 
 

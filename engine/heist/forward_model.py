@@ -13,6 +13,7 @@ from typing import Any
 from engine import events as ev
 from engine.attribution.base import ForwardRequest
 from engine.errors import EngineError, InterventionError
+from engine.executors.base import ExecutorOptions
 from engine.interventions import BranchRunner, BranchSpec, DoResample, ParentInfo, parent_info
 from engine.journal import Journal
 
@@ -33,6 +34,7 @@ class HeistForwardModel:
         concurrency: int = 1,
         policy_override: dict[str, Any] | None = None,
         reuse: bool = True,
+        executor: ExecutorOptions | None = None,
     ) -> None:
         self.journal = journal
         self.parent: ParentInfo = parent_info(journal, run_id)
@@ -60,6 +62,7 @@ class HeistForwardModel:
             concurrency=concurrency,
             policy_override=policy_override,
             reuse=reuse,
+            executor=executor,
         )
 
     def __enter__(self) -> HeistForwardModel:

@@ -1,0 +1,138 @@
+"""The contract between the commands that spend forward runs and whatever runs them.
+
+A forward run is a job: a module-level function `job(journal, parent, arg) -> BranchResult`
+that forks `parent`, runs the branch to its end and appends it to `journal`. An executor maps
+a job over many args and reports each result as it arrives, in any order. The job is the same
+code under every executor, and all of its randomness comes from the branch seed inside `arg`,
+so the same seeds give the same outcomes whatever runs them.
+
+Executors never move journals: a local one hands its own open journal to the job, a Ray worker
+opens the shared journal itself from its URL and keeps it (one connection pool) for its life.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from engine.interventions import BranchResult, ParentInfo
+    from engine.journal import Journal
+
+#: A forward run: fork the parent, run the branch, return its result (module level, so that a
+#: worker on another machine can import it by name).
+Job = Callable[["Journal", "ParentInfo", Any], "BranchResult"]
+OnDone = Callable[[int, "BranchResult"], None]
+
+EXECUTORS = ("local", "ray")
+
+
+class ExecutorOptions(msgspec.Struct, frozen=True):
+    """What the user chose on the command line: `--executor`, `--ray-address`, `--workers`."""
+
+    kind: str = "local"
+    address: str | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXECUTORS:
+            raise ConfigError(
+                f"unknown executor {self.kind!r}; expected one of: {', '.join(EXECUTORS)}"
+            )
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"workers must be at least 1, got {self.workers}")
+        if self.kind == "local" and self.address is not None:
+            raise ConfigError("--ray-address applies to --executor ray only")
+
+
+class ExecutorStats(msgspec.Struct):
+    """What an executor did, for the command's report."""
+
+    name: str
+    workers: int
+    #: forward runs whose worker was lost mid-branch and that were run again
+    retried: int = 0
+    #: forward runs that failed because their worker was lost twice (not scored)
+    lost: int = 0
+    #: half-run branches of lost workers closed as stopped in the journal
+    closed: int = 0
+
+
+class Executor(Protocol):
+    """Runs forward-run jobs; one executor serves a whole command."""
+
+    name: str
+
+    def map(
+        self,
+        journal: Journal,
+        parent: ParentInfo,
+        job: Job,
+        args: Sequence[Any],
+        on_done: OnDone,
+        labels: Collection[str] = (),
+    ) -> None:
+        """Run job(journal, parent, arg) for every arg; on_done(index, result) as each ends.
+
+        Raises Interrupted on a stop request (Ctrl-C), after the running branches were told
+        to stop. `labels` are the branch labels the jobs use (for closing what a lost worker
+        left open)."""
+        ...
+
+    def stats(self) -> ExecutorStats: ...
+
+    def close(self, interrupted: bool = False) -> None: ...
+
+
+class Borrowed:
+    """An executor lent to a caller for a while: closing it is its owner's business (e.g.
+    detect-eval keeps one set of Ray workers for every game)."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def map(
+        self,
+        journal: Journal,
+        parent: ParentInfo,
+        job: Job,
+        args: Sequence[Any],
+        on_done: OnDone,
+        labels: Collection[str] = (),
+    ) -> None:
+        self.inner.map(journal, parent, job, args, on_done, labels)
+
+    def stats(self) -> ExecutorStats:
+        return self.inner.stats()
+
+    def close(self, interrupted: bool = False) -> None:
+        pass
+
+
+def make_executor(
+    options: ExecutorOptions | Executor | None,
+    journal: Journal,
+    parent: ParentInfo | None = None,
+    *,
+    concurrency: int,
+    mode: str = "threads",
+) -> Executor:
+    """The executor the options name. `mode` is the local executor's way of running
+    (inline, threads or processes); a Ray executor ignores it. A live executor is lent, not
+    copied (its owner closes it)."""
+    if options is not None and not isinstance(options, ExecutorOptions):
+        return Borrowed(options)
+    if options is None or options.kind == "local":
+        from engine.executors.local import LocalExecutor
+
+        return LocalExecutor(mode, concurrency, parent)
+    from engine.executors.ray import RayExecutor
+
+    return RayExecutor(
+        journal, address=options.address, workers=options.workers, concurrency=concurrency
+    )
