@@ -43,8 +43,8 @@ from common import say as _say
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from engine.attribution.base import ForwardRequest
-from engine.attribution.heist_model import HeistForwardModel
 from engine.executors.base import ExecutorOptions
+from engine.heist.forward_model import HeistForwardModel
 from engine.heist.session import record_heist
 from engine.journal import Journal
 from engine.policies.registry import make_policy

@@ -23,15 +23,15 @@ import pytest
 from servers import free_port, ray_head
 
 from engine import events as ev
-from engine.heist.attribution import attribute_run
 from engine.errors import ConfigError
 from engine.executors.base import ExecutorOptions
 from engine.executors.ray import RayExecutor
+from engine.heist.attribution import attribute_run
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.interventions import DoResample, fork_many
 from engine.journal import Journal
 from engine.policies.registry import make_policy
-from engine.heist.sim import SimPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 
