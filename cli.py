@@ -49,7 +49,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from engine.heist.session import engine_version
+        from engine.version import engine_version
 
         out.print(f"car {engine_version()}", highlight=False)
         raise typer.Exit()

@@ -35,8 +35,8 @@ from engine.detect import analyze
 from engine.detect.analysis import inputs
 from engine.detect.evaluate import record_games, truth
 from engine.detect.rules import rule_scores
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 from engine.public import public_view
 
 SEED = 90_000

@@ -59,10 +59,10 @@ from engine.heist.session import (
 from engine.journal import Journal
 from engine.policies.base import AgentView, Completion, Policy
 from engine.policies.registry import make_policy
-from engine.policies.sim import step_seed
 from engine.runtime.clock import SystemClock
 from engine.runtime.episode import EpisodeResult, run_episode
 from engine.runtime.recorder import MemoryRecorder
+from engine.runtime.seeds import step_seed
 from engine.state import State, apply
 
 ROUNDS = 4

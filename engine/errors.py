@@ -49,3 +49,7 @@ class PolicyError(EngineError):
 
 class InterventionError(EngineError):
     """An intervention does not fit the run or step it targets."""
+
+
+class UnknownScenario(ConfigError):
+    """A run names a scenario that no implementation is registered for."""

@@ -27,14 +27,14 @@ from engine.errors import (
     InterventionError,
     PolicyError,
 )
-from engine.heist.session import HeistScenario
 from engine.journal import Journal
 from engine.policies.base import ChatLine, Policy
 from engine.policies.registry import POLICY_NAMES, make_policy
-from engine.policies.sim import step_seed
 from engine.projections import conversation
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
 from engine.runtime.recorder import Recorder
+from engine.runtime.seeds import step_seed
+from engine.scenario import scenario_for
 from engine.state import State, apply, edit_transcript, state_at_seq, step_seq
 from engine.workers import GRACE, STOP, Interrupted, StopChannel, WorkerPool, check
 
@@ -479,7 +479,7 @@ def run_branch(
     k = iv.k
     base = branch_base(journal, parent, k)
     s_k = base.state
-    scenario = HeistScenario.from_state(s_k)
+    scenario = scenario_for(s_k)
     spec = policy_spec_at(s_k)
     if policy_override:
         spec.update(policy_override)

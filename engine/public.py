@@ -9,7 +9,7 @@ its (public) outcome. It never carries:
   that only the mole has;
 - recorded LLM calls: a request holds the acting agent's system prompt, and the mole's holds
   its secret instructions (its token counts and latency differ too);
-- the root seed, the world seed and the step seeds: when a heist draws its mole from the run
+- the root seed, the world seed and the step seeds: when a scenario draws its mole from the run
   seed, the seed *is* the answer to anyone who can read the source;
 - any order or presence that depends on who the mole is: agents come in config order and every
   per-agent section lists every agent.
@@ -59,7 +59,7 @@ class PublicRun(msgspec.Struct, frozen=True):
     steps: int
     parent_run_id: str | None
     fork_step: int | None
-    outcome: dict[str, Any] | None  # only once the run ended (the heist outcome is public)
+    outcome: dict[str, Any] | None  # only once the run ended (the outcome is public)
     messages: list[PublicMessage]
     tool_usage: list[PublicToolUse]
     controls: list[dict[str, Any]]  # pause/resume/stop: seq, step, action, reason

@@ -32,8 +32,8 @@ from engine.detect.calibration import _sigmoid, features, fit  # noqa: E402
 from engine.detect.evaluate import CALIBRATION_SEED_BASE, truth  # noqa: E402
 from engine.heist.config import AgentSpec, HeistConfig, load_agents_config  # noqa: E402
 from engine.heist.session import record_heist  # noqa: E402
+from engine.heist.sim import SimPolicy  # noqa: E402
 from engine.journal import Journal  # noqa: E402
-from engine.policies.sim import SimPolicy  # noqa: E402
 
 
 def crews() -> list[HeistConfig]:

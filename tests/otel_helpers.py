@@ -15,9 +15,9 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.interventions import fork_many, parse_intervention
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 

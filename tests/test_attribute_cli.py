@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.attribution.heist_model import HeistForwardModel
-from engine.attribution.heist_report import attribute_run
 from engine.errors import InterventionError
+from engine.heist.attribution import attribute_run
+from engine.heist.forward_model import HeistForwardModel
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 

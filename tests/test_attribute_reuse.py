@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from engine.attribution.base import ForwardRequest
-from engine.attribution.heist_model import HeistForwardModel
-from engine.attribution.heist_report import attribute_run
+from engine.heist.attribution import attribute_run
+from engine.heist.forward_model import HeistForwardModel
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.interventions import (
     DoContext,
     ParentInfo,
@@ -20,7 +21,6 @@ from engine.interventions import (
     prepare_bases,
 )
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 
 @pytest.fixture()

@@ -14,8 +14,8 @@ import pytest
 
 from engine import events as ev
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 

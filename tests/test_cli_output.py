@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.interventions import fork_many, parse_intervention
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 

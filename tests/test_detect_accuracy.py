@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from engine.detect.evaluate import evaluate, record_games
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 DATA = Path(__file__).resolve().parent / "data"
 GAMES = 60

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 import cli
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 DATA = Path(__file__).resolve().parent / "data"
 BLOG_KEYS = {

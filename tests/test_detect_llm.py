@@ -20,8 +20,8 @@ from engine import events as ev
 from engine.detect import analyze
 from engine.detect.llm import parse_scores
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 CREW = ["planner", "hacker", "safecracker", "intel", "driver", "lookout"]
 

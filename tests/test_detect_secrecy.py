@@ -17,8 +17,8 @@ from engine.detect.analysis import inputs
 from engine.heist.config import load_agents_config
 from engine.heist.mole import Strategy, instructions
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 from engine.public import public_view
 
 DETECT = Path(__file__).resolve().parent.parent / "engine" / "detect"

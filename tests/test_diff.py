@@ -13,8 +13,8 @@ from otel_helpers import car, heist_with_branches
 from engine.diff import diff_runs, word_diff
 from engine.errors import UnknownRun
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 from engine.public import public_view
 
 

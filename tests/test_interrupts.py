@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 

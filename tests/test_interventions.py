@@ -12,6 +12,7 @@ import pytest
 from engine import events as ev
 from engine.errors import InterventionError
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.interventions import (
     DoAction,
     DoContext,
@@ -25,8 +26,8 @@ from engine.interventions import (
 )
 from engine.journal import Journal
 from engine.policies.registry import HonestPolicy
-from engine.policies.sim import SimPolicy, step_seed
 from engine.replay import check_requests, fidelity
+from engine.runtime.seeds import step_seed
 from engine.state import state_at
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,9 +31,9 @@ from engine.heist.tools import parse_tool_calls
 from engine.interventions import branch_seed_for, fork_many, parse_intervention
 from engine.journal import Journal
 from engine.policies.registry import make_policy
-from engine.policies.sim import step_seed
 from engine.replay import check_requests, fidelity, recorded_steps
 from engine.runtime.episode import EpisodeResult
+from engine.runtime.seeds import step_seed
 
 CAR = Path(sys.executable).with_name("car")
 CREW = """\

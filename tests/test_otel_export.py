@@ -17,9 +17,9 @@ from servers import free_port
 from engine.events import LlmCall
 from engine.heist.mole import Strategy, instructions
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
 from engine.otel.exporter import export_runs, span_id, trace_document, trace_id
-from engine.policies.sim import SimPolicy
 from engine.public import public_view
 
 

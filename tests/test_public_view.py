@@ -21,8 +21,8 @@ import cli
 from engine import events as ev
 from engine.heist.mole import Strategy, instructions
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 from engine.public import public_events, public_state, public_view
 
 SEED = 11

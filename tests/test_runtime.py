@@ -15,12 +15,13 @@ from freezegun import freeze_time
 from engine import events as ev
 from engine.errors import ConfigError
 from engine.heist.session import accuse_run, record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
 from engine.logging import configure
 from engine.policies.base import AgentView, Completion
 from engine.policies.registry import make_policy
-from engine.policies.sim import SimPolicy, step_seed
 from engine.runtime.control import ControlChannel
+from engine.runtime.seeds import step_seed
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,18 +19,11 @@ from engine.heist.config import HeistConfig, load_agents_config, parse_agents_co
 from engine.heist.mole import Strategy
 from engine.heist.outcome import PLAN_KEYS, check_plan, plan_statements, score_plan
 from engine.heist.sandbox import RANDOM, Playthrough, play_in_memory
+from engine.heist.sim import _HEDGES, _LABEL, _SOURCE, SimPolicy, duties, perturb
 from engine.heist.tools import Toolbox, parse_tool_calls
 from engine.heist.world import World, make_world
 from engine.policies.base import AgentView, ChatLine, Observation
-from engine.policies.sim import (
-    _HEDGES,
-    _LABEL,
-    _SOURCE,
-    SimPolicy,
-    duties,
-    perturb,
-    step_seed,
-)
+from engine.runtime.seeds import step_seed
 
 N = 200  # games per arm of every statistical claim
 CREW = load_agents_config().names

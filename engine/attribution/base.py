@@ -1,9 +1,10 @@
 """The contract between attribution estimators and anything that can be re-run forward.
 
 A `ForwardModel` is one failed factual run plus the machinery to re-run it under interventions:
-synthetic SCMs implement it here, recorded heists implement it over the journal's forks. The
-estimators only ever speak this protocol, so whatever is validated against an SCM's exact ground
-truth is the same code that attributes a recorded heist.
+synthetic SCMs implement it here, recorded runs implement it over the journal's forks (the
+heist's in engine/heist/forward_model.py). The estimators only ever speak this protocol, so
+whatever is validated against an SCM's exact ground truth is the same code that attributes a
+recorded run.
 """
 
 from __future__ import annotations

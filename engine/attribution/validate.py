@@ -1,7 +1,7 @@
 """Validation of the estimators against SCMs with exact ground truth.
 
 Any attribution method must first recover what is known: for each SCM both estimators run
-exactly as they would on a recorded heist (only through the ForwardModel protocol), and their
+exactly as they would on a recorded run (only through the ForwardModel protocol), and their
 answers are set against exact values from enumeration.
 
 The check is a test with a stated error rate, not "every interval happened to cover": each

@@ -452,7 +452,7 @@ def attribute_cmd(
     Contrastive scans from the last step back to the point of commitment.
     --all-steps estimates every step. The same command with the same --seed
     reads back the branches it made before instead of adding new ones."""
-    from engine.attribution.heist_report import attribute_run
+    from engine.heist.attribution import attribute_run
     from engine.workers import interruptible
 
     k = _runs(runs, old_k)

@@ -32,7 +32,7 @@ from engine import events as ev
 from engine.detect.reference import ReferenceView, SwapOne, reference_inner
 from engine.detect.stats import newcombe, wilson
 from engine.errors import EngineError, PolicyError
-from engine.heist.session import HeistScenario
+from engine.heist import HeistScenario
 from engine.interventions import (
     BranchResult,
     ParentInfo,
@@ -43,10 +43,10 @@ from engine.interventions import (
     policy_spec_at,
 )
 from engine.journal import Journal
-from engine.policies.sim import step_seed
 from engine.public import PublicRun
 from engine.runtime.episode import Overrides, run_episode
 from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
+from engine.runtime.seeds import step_seed
 
 OP = "reference"
 K_MAX = 20

@@ -35,7 +35,7 @@ def journal_llm_step(
     warnings: list[str],
 ) -> str:
     """Record one LLM detection step; returns the detection run's id."""
-    from engine.heist.session import engine_version
+    from engine.version import engine_version
 
     clock = SystemClock()
     rid = journal.create_run(SCENARIO, label=f"detect {analysed_run} {method}")

@@ -18,9 +18,9 @@ import msgspec
 
 from engine.heist.prompts import render_messages, system_prompt
 from engine.heist.session import HeistScenario
+from engine.heist.sim import SimReferencePolicy
 from engine.policies.base import AgentView, Completion, Policy
 from engine.policies.registry import make_policy
-from engine.policies.sim import SimReferencePolicy
 from engine.state import State
 
 

@@ -14,10 +14,11 @@ from engine.heist.config import DEFAULT_ROUNDS, HeistConfig, load_agents_config
 from engine.heist.mole import Strategy, choose_mole, instructions, parse_strategy
 from engine.heist.outcome import Outcome, score_plan
 from engine.heist.prompts import render_messages, system_prompt
+from engine.heist.sim import SimPolicy
 from engine.heist.tools import Toolbox, observation_for, parse_tool_calls
 from engine.heist.world import make_world
 from engine.policies.base import AgentView, ChatLine, Observation, Policy
-from engine.policies.sim import SimPolicy, step_seed
+from engine.runtime.seeds import step_seed
 
 RANDOM = "random"  # pass as `mole` or `strategy` to have it drawn from the run seed
 

@@ -6,10 +6,8 @@ journal alone."""
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -26,28 +24,23 @@ from engine.heist.tools import Toolbox, parse_tool_calls
 from engine.heist.world import World, make_world
 from engine.journal import Journal
 from engine.policies.base import AgentView, ChatLine, Policy
-from engine.policies.registry import policy_spec
-from engine.policies.sim import step_seed
-from engine.runtime.clock import Clock, SystemClock
+from engine.runtime.clock import Clock
 from engine.runtime.control import ControlChannel
-from engine.runtime.episode import EpisodeResult, StepCallback, run_episode
-from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
+from engine.runtime.episode import EpisodeResult, StepCallback
+from engine.runtime.record import record_run, run_started
+from engine.runtime.recorder import DEFAULT_GROUP_MS
 from engine.state import DEFAULT_CONTEXT_WINDOW, State
+from engine.version import engine_version
 
 DEFAULT_ROUNDS = 4
 SCENARIO = "heist"
 
 
-@functools.cache
-def engine_version() -> str:
-    try:
-        return metadata.version("causal-agent-replay")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
 class HeistScenario:
-    """The heist as the runtime's Scenario: views, prompts, tools and the outcome rule."""
+    """The heist as an `engine.scenario.Scenario`: views, prompts, tools and the outcome rule.
+    Registered as "heist" (engine.scenario.BUILTIN_SCENARIOS); `from_state` is its factory."""
+
+    name = SCENARIO
 
     def __init__(self, config: HeistConfig, world_seed: int, rounds: int) -> None:
         if rounds < 1:
@@ -120,14 +113,11 @@ def opening_events(
 ) -> list[ev.Event]:
     """The run-level events a heist opens with: RunStarted, then the secret MoleAssigned."""
     opening: list[ev.Event] = [
-        ev.RunStarted(
-            scenario=SCENARIO,
-            config=scenario.run_config(),
-            agents=list(scenario.agents),
-            policy=policy_spec(policy),
-            root_seed=seed,
-            engine_version=engine_version(),
-            started_at=started_at,
+        run_started(
+            scenario,
+            policy,
+            seed,
+            started_at,
             rounds=scenario.rounds,
             context_window=context_window,
         )
@@ -174,36 +164,35 @@ def record_heist(
     follow the run from then on); `group_ms=0` commits every step on its own."""
     cfg = config or load_agents_config(config_path)
     scenario = HeistScenario(cfg, seed, rounds)
-    clk = clock or SystemClock()
     if mole is not None and mole not in scenario.agents:
         raise ConfigError(f"unknown agent {mole!r} for --mole; agents are: {', '.join(cfg.names)}")
     strat = parse_strategy(strategy) if strategy is not None else None
     chosen, chosen_strategy = choose_heist_mole(scenario.agents, seed, strat)
     mole_agent = mole or chosen
-    run_id = journal.create_run(SCENARIO, label=label)
-    opening = opening_events(
+    secret: list[ev.Event] = []
+    if not no_mole:
+        secret.append(
+            ev.MoleAssigned(
+                agent=mole_agent,
+                strategy=chosen_strategy.value,
+                instructions=instructions(chosen_strategy),
+            )
+        )
+    return record_run(
+        journal,
         scenario,
         policy,
-        seed,
-        clk.now_iso(),
-        mole=None if no_mole else (mole_agent, chosen_strategy),
+        seed=seed,
+        opening=secret,
+        rounds=scenario.rounds,
         context_window=context_window,
-    )
-    recorder = Recorder(journal, run_id, State(), 0, group_ms=group_ms)
-    recorder.append(opening)
-    if on_created is not None:
-        recorder.flush()
-        on_created(run_id)
-    return run_episode(
-        recorder,
-        scenario,
-        policy,
-        lambda k: step_seed(seed, k),
-        [],
+        clock=clock,
         control=control,
-        clock=clk,
         on_step=on_step,
         server=server,
+        label=label,
+        group_ms=group_ms,
+        on_created=on_created,
     )
 
 
@@ -254,9 +243,12 @@ def accuse_run(journal: Journal, run_id: str, suspect: str | None) -> Accusation
 
 __all__ = [
     "DEFAULT_ROUNDS",
+    "SCENARIO",
     "Accusation",
     "HeistScenario",
     "Strategy",
     "accuse_run",
+    "engine_version",
+    "opening_events",
     "record_heist",
 ]

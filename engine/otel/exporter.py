@@ -412,7 +412,7 @@ def export_runs(journal: Journal, run_id: str, *, with_branches: bool = False) -
 
 def trace_document(journal: Journal, run_ids: list[str]) -> dict[str, Any]:
     """One OTLP/JSON `ExportTraceServiceRequest` holding the traces of these runs."""
-    from engine.heist.session import engine_version
+    from engine.version import engine_version
 
     version = engine_version()
     spans = [s for rid in run_ids for s in run_spans(journal, rid)]

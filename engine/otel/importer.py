@@ -521,7 +521,7 @@ def _iso(ns: int) -> str:
 
 def trace_events(trace: ImportedTrace) -> list[ev.Event]:
     """Every journal event of an imported run. The only place an import builds events."""
-    from engine.heist.session import engine_version
+    from engine.version import engine_version
 
     events: list[ev.Event] = [
         ev.RunStarted(

@@ -1,8 +1,8 @@
 """What an export may read of a run: the public view, and the public facts of its LLM calls.
 
 The rule (docs/decisions.md, entry 17): an export is a function of what is public. For a run
-whose scenario can hold a secret (the heist: the mole's recorded request holds its instructions,
-and the run's seeds decide who the mole is), that is
+whose scenario can hold a secret (a secret agent's recorded request holds its instructions, and
+the run's seeds may decide who that agent is), that is
 
 - the public view: messages as the crew saw them, tool usage, controls, interventions, outcome;
 - of each LLM call only what is a function of its public reply or of the run's public
@@ -14,7 +14,7 @@ betray it), seeds, the secret event, the verdict of `car accuse` (the reveal).
 Runs made by `car import` are transparent: their requests came from a trace file the user
 already had, and no secret was ever recorded, so their exports carry the recorded request,
 seed and token counts too. Which scenarios are transparent is decided by the scenario's name,
-never by the presence of a secret event (presence would betray a heist played with no mole).
+never by the presence of a secret event (presence would betray a run played with no secret).
 """
 
 from __future__ import annotations

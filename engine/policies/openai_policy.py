@@ -449,3 +449,17 @@ def _escape(text: str) -> str:
 def _clip(text: str, n: int = 200) -> str:
     text = _escape(" ".join(text.split()))
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def openai_policy(spec: dict[str, Any]) -> OpenAIPolicy:
+    """The policy registry's factory for "openai" specs (RunStarted.policy, do_policy)."""
+    # OpenAIPolicy checks every value's type and range itself (ConfigError, one line)
+    return OpenAIPolicy(
+        base_url=str(spec.get("base_url") or DEFAULT_BASE_URL),
+        model=str(spec.get("model") or "local-model"),
+        temperature=spec.get("temperature", 0.8),
+        max_tokens=spec.get("max_tokens", 160),
+        timeout=spec.get("timeout", 60.0),
+        max_retries=spec.get("max_retries", 2),
+        max_reply_bytes=spec.get("max_reply_bytes", DEFAULT_MAX_REPLY_BYTES),
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -20,34 +20,12 @@ from engine.policies.base import AgentView, ChatLine, Completion, Policy, Policy
 from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
 from engine.runtime.recorder import Recorder
+from engine.scenario import Scenario
 from engine.state import State
 
 log = get_logger("car.runtime")
 
 FORCED_MODEL = "do_action"
-
-
-class ToolOutcome(Protocol):
-    ok: bool
-    output: str
-    error: str | None
-
-
-class Scenario(Protocol):
-    """What the loop needs from a scenario (the heist is the built-in one)."""
-
-    agents: tuple[str, ...]
-    total_steps: int
-
-    def view(self, state: State, run_id: str) -> AgentView: ...
-
-    def messages(self, view: AgentView) -> list[dict[str, str]]: ...
-
-    def tool_calls(self, text: str) -> list[tuple[str, str]]: ...
-
-    def run_tool(self, name: str, param: str) -> ToolOutcome: ...
-
-    def outcome(self, transcript: list[ChatLine]) -> dict[str, Any]: ...
 
 
 @dataclass

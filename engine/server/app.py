@@ -40,11 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 
 from engine.errors import ConfigError, EngineError, InterventionError, UnknownRun
-from engine.heist.session import engine_version
 from engine.journal import Journal
 from engine.server import views
 from engine.server.runner import HeistRunner, NotControllable, TooManyHeists
 from engine.server.stream import LIVE_STATUSES, NotifyingJournal, StreamHub
+from engine.version import engine_version
 
 STATIC = resources.files("engine.server") / "static"
 DETECT_METHODS = ("rules", "llm", "rules+llm", "causal", "replay")
@@ -438,7 +438,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     @app.post("/api/sessions/{session_id}/attribution", tags=["branches"])
     def attribution(session_id: str, body: AttributionRequest | None = None) -> dict[str, Any]:
         """Which step (or agent) caused the failure: the ranked attribution table."""
-        from engine.attribution.heist_report import attribute_run
+        from engine.heist.attribution import attribute_run
 
         body = body or AttributionRequest()
         run_id = resolve(session_id)

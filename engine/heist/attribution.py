@@ -9,9 +9,9 @@ import numpy as np
 
 from engine.attribution.base import PlayersKind, Progress
 from engine.attribution.contrastive import ContrastiveMode, contrastive
-from engine.attribution.heist_model import HeistForwardModel
 from engine.attribution.shapley import shapley
 from engine.errors import ConfigError
+from engine.heist.forward_model import HeistForwardModel
 from engine.journal import Journal
 
 METHODS = ("contrastive", "shapley")

@@ -29,15 +29,16 @@ these ranges statistically.
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
+from engine.errors import ConfigError
 from engine.heist.config import DEFAULT_ROUNDS
 from engine.heist.mole import Strategy, parse_strategy
 from engine.heist.outcome import (
@@ -47,16 +48,10 @@ from engine.heist.outcome import (
     plan_statements,
 )
 from engine.heist.world import World, fmt_time, fmt_window, parse_time, parse_window
-from engine.policies.base import AgentView, ChatLine, Completion, Observation
+from engine.policies.base import AgentView, ChatLine, Completion, Observation, Policy
+from engine.policies.registry import HonestPolicy
 
 MODEL_NAME = "sim-1"
-
-
-def step_seed(root_seed: int, step: int) -> int:
-    """The seed of step `step` of a run with root seed `root_seed`: the first 8 bytes of
-    blake2b("car-step:<root>:<step>") as a big-endian integer, masked to 63 bits."""
-    digest = hashlib.blake2b(f"car-step:{root_seed}:{step}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") & ((1 << 63) - 1)
 
 
 @dataclass(frozen=True)
@@ -990,3 +985,13 @@ class SimReferencePolicy:
     def decide(self, view: AgentView, messages: list[dict[str, str]], seed: int) -> Completion:
         public = msgspec.structs.replace(view, mole_strategy=None)
         return self.sim.decide(public, messages, seed)
+
+
+def sim_policy(spec: dict[str, Any]) -> Policy:
+    """The policy registry's factory for "sim" and "sim-honest" specs."""
+    try:
+        drift = float(spec.get("drift", 0.0) or 0.0)
+        sim = SimPolicy(drift=drift)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"bad sim policy spec {spec!r}: {e}") from e
+    return HonestPolicy(sim) if spec.get("name") == "sim-honest" else sim

@@ -1,0 +1,16 @@
+"""Step seeds: the seed every step of a run (or of a branch) is decided with.
+
+Derived, never drawn: step k of a run with root seed r always gets the same seed, so a replay
+re-decides it with the seed it was recorded with, and a branch made with seed b draws its own
+seeds from b alone (docs/decisions.md, entry 8)."""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def step_seed(root_seed: int, step: int) -> int:
+    """The seed of step `step` of a run with root seed `root_seed`: the first 8 bytes of
+    blake2b("car-step:<root>:<step>") as a big-endian integer, masked to 63 bits."""
+    digest = hashlib.blake2b(f"car-step:{root_seed}:{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & ((1 << 63) - 1)
