@@ -77,7 +77,7 @@ def recorded_calls(journal: Journal, run_id: str, stop: int | None = None) -> li
 
 
 def _short(v: Any, n: int = 80) -> str:
-    text = v if isinstance(v, str) else repr(v)
+    text = v if isinstance(v, str) else wire.canonical(v)
     text = " ".join(text.split())
     return repr(text if len(text) <= n else text[: n - 1] + "…")
 
