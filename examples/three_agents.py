@@ -88,7 +88,9 @@ def main() -> int:
     )
     msg = asked.choices[0].message
     result = "no tool call"
-    solver_msgs.append(msg.model_dump(exclude_none=True))
+    # content "" rather than null: some servers' chat templates need a text in every message
+    calls = [c.model_dump() for c in msg.tool_calls or []]
+    solver_msgs.append({"role": "assistant", "content": msg.content or "", "tool_calls": calls})
     for call in msg.tool_calls or []:
         result = calculator(call.function.arguments)
         solver_msgs.append({"role": "tool", "tool_call_id": call.id, "content": result})

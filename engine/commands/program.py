@@ -114,9 +114,14 @@ def record_cmd(
     if run.status == "failed":
         fail(f"{run.error} (run {run.run_id} closed as failed)")
     if run.exit_status:
+        why = (
+            f"; the upstream answered {', '.join(run.upstream_errors)}"
+            if run.upstream_errors
+            else ""
+        )
         err.print(
-            f"error: the program exited with status {run.exit_status} (run {run.run_id} closed, "
-            "outcome bad)",
+            f"error: the program exited with status {run.exit_status}{why} (run {run.run_id} "
+            "closed, outcome bad)",
             highlight=False,
             markup=False,
         )
@@ -185,11 +190,11 @@ def _print_replay(r: Any) -> None:
         )
     out.print(t)
     for d in r.divergences[:20]:
-        where = f"step {d['step']}" if d["step"] is not None else "unrecorded call"
-        out.print(
-            f"[yellow]{where} ({d['agent']} call {d['ordinal']})[/]: {d['field']} differs",
-            highlight=False,
-        )
+        if d["step"] is None:
+            what = f"{d['agent']} call {d['ordinal']}: no recorded counterpart"
+        else:
+            what = f"step {d['step']} ({d['agent']} call {d['ordinal']}): {d['field']} differs"
+        out.print(f"[yellow]{what}[/]", highlight=False)
     if r.unrequested:
         out.print(f"recorded calls never requested: steps {', '.join(map(str, r.unrequested))}")
     rec, rep = r.outcome_recorded, r.outcome_replayed

@@ -110,8 +110,17 @@ def first_difference(
     return None
 
 
+def _message(m: Any) -> Any:
+    """A whole message, shortly: its role and the start of its content (or its keys)."""
+    if not isinstance(m, dict):
+        return m
+    text = m.get("content") or ", ".join(k for k in m if k != "role")
+    return f"{m.get('role')}: {text}"
+
+
 def describe(diff: tuple[str, Any, Any]) -> str:
     field, a, b = diff
+    a, b = _message(a), _message(b)
     if a is None:
         return f"{field} is new (got {_short(b)}; the recording has none)"
     if b is None:

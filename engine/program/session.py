@@ -54,6 +54,7 @@ class ProgramRun(msgspec.Struct, frozen=True):
     bad: bool | None
     calls: int
     error: str | None = None
+    upstream_errors: list[str] = msgspec.field(default_factory=list)
 
     def outcome(self) -> dict[str, Any]:
         return {
@@ -144,7 +145,8 @@ def _execute(
         return ProgramRun(run_id, "failed", code, None, None, session.calls, session.failure)
     out = run_outcome(outcome_cmd, env, code) if outcome_cmd else None
     bad = code != 0 or (out is not None and out != 0)
-    return ProgramRun(run_id, "completed", code, out, bad, session.calls)
+    errors = sorted(set(session.upstream_errors))
+    return ProgramRun(run_id, "completed", code, out, bad, session.calls, None, errors)
 
 
 def _close(recorder: Recorder, run: ProgramRun) -> None:
