@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 from collections.abc import Iterator
 from types import FrameType
 from typing import Annotated, Any
@@ -95,7 +96,14 @@ def record_cmd(
     with open_journal() as j, _terminations():
         try:
             run = record(
-                j, cmd, upstream=url, name=name, outcome=outcome, seed=seed, timeout=timeout
+                j,
+                cmd,
+                upstream=url,
+                name=name,
+                outcome=outcome,
+                seed=seed,
+                timeout=timeout,
+                stdout=sys.stderr if as_json else None,
             )
         except KeyboardInterrupt:
             _interrupted("the program was stopped; run closed as stopped")
@@ -148,7 +156,14 @@ def replay_cmd(
     mode = _match(match)
     with open_journal(create=False) as j:
         try:
-            report = replay(j, run_id, list(command or []), match=mode, outcome=outcome)
+            report = replay(
+                j,
+                run_id,
+                list(command or []),
+                match=mode,
+                outcome=outcome,
+                stdout=sys.stderr if as_json else None,
+            )
         except KeyboardInterrupt:
             _interrupted("replay stopped")
             return

@@ -30,7 +30,7 @@ from engine.interventions import Intervention, iv_value, op_name
 from engine.journal import Journal
 from engine.program import wire
 from engine.program.matching import MatchMode, RecordedCall, recorded_calls
-from engine.program.proxy import Proxy, Session, Upstream, UpstreamError
+from engine.program.proxy import Proxy, Session, Upstream
 from engine.runtime.recorder import Recorder
 from engine.state import State, state_at_seq, step_seq
 from engine.version import engine_version
@@ -93,11 +93,11 @@ def program_env(proxy_url: str, run_id: str | None) -> dict[str, str]:
     return env
 
 
-def run_command(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+def run_command(cmd: Sequence[str], env: Mapping[str, str], stdout: Any = None) -> int:
     """Run the program to its end; its exit status (negative: killed by that signal). On
     Ctrl-C the program gets SIGINT too (it shares the terminal), some seconds to exit, then
     SIGTERM and SIGKILL; the KeyboardInterrupt is re-raised once it is gone."""
-    proc = subprocess.Popen(list(cmd), env=dict(env))
+    proc = subprocess.Popen(list(cmd), env=dict(env), stdout=stdout)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -118,10 +118,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue  # a second Ctrl-C: go on to the next, harder signal
 
 
-def run_outcome(command: str, env: Mapping[str, str], exit_status: int) -> int:
+def run_outcome(command: str, env: Mapping[str, str], exit_status: int, stdout: Any = None) -> int:
     """The outcome command's exit status (0 = good), run by the shell with CAR_EXIT_STATUS."""
     env = {**env, "CAR_EXIT_STATUS": str(exit_status)}
-    return subprocess.run(command, shell=True, env=env, check=False).returncode
+    return subprocess.run(command, shell=True, env=env, check=False, stdout=stdout).returncode
 
 
 def _utc_now() -> str:
@@ -133,17 +133,19 @@ def _execute(
     cmd: Sequence[str],
     outcome_cmd: str | None,
     run_id: str | None,
+    stdout: Any = None,
 ) -> ProgramRun:
-    """Run the program against a session's proxy, then its outcome command."""
+    """Run the program against a session's proxy, then its outcome command. `stdout` is
+    where their output goes (None: car's own stdout)."""
     with Proxy(session) as proxy:
         env = program_env(proxy.base_url, run_id)
         try:
-            code = run_command(cmd, env)
+            code = run_command(cmd, env, stdout)
         except OSError as e:
             raise ProgramError(f"cannot run {cmd[0]!r}: {e.strerror or e}") from e
     if session.failure is not None:
         return ProgramRun(run_id, "failed", code, None, None, session.calls, session.failure)
-    out = run_outcome(outcome_cmd, env, code) if outcome_cmd else None
+    out = run_outcome(outcome_cmd, env, code, stdout) if outcome_cmd else None
     bad = code != 0 or (out is not None and out != 0)
     errors = sorted(set(session.upstream_errors))
     return ProgramRun(run_id, "completed", code, out, bad, session.calls, None, errors)
@@ -163,11 +165,12 @@ def _guarded(
     session: Session,
     cmd: Sequence[str],
     outcome_cmd: str | None,
+    stdout: Any = None,
 ) -> ProgramRun:
     """`_execute`, the run closed whatever happens (re-raising a Ctrl-C after closing it)."""
     run_id = recorder.run_id
     try:
-        run = _execute(session, cmd, outcome_cmd, run_id)
+        run = _execute(session, cmd, outcome_cmd, run_id, stdout)
     except KeyboardInterrupt:
         run = ProgramRun(run_id, "stopped", None, None, None, session.calls, "interrupted")
         _close(recorder, run)
@@ -189,6 +192,7 @@ def record(
     outcome: str | None = None,
     seed: int = 0,
     timeout: float = 600.0,
+    stdout: Any = None,
 ) -> ProgramRun:
     """Record one execution of `cmd` as a new run. UpstreamError / ProgramError (nothing
     journaled) when the upstream is unreachable or the command does not exist."""
@@ -218,7 +222,7 @@ def record(
     )
     recorder.flush()
     session = Session(recorder=recorder, upstream=up, root_seed=seed)
-    return _guarded(recorder, session, cmd, outcome)
+    return _guarded(recorder, session, cmd, outcome, stdout)
 
 
 # ------------------------------------------------------------------ what was recorded
@@ -301,6 +305,7 @@ def replay(
     *,
     match: MatchMode = MatchMode.EXACT,
     outcome: str | None = None,
+    stdout: Any = None,
 ) -> ReplayReport:
     """Re-run `cmd` with every call answered from run `run_id`; nothing is journaled."""
     check_command(cmd)
@@ -309,7 +314,7 @@ def replay(
         raise ProgramError(f"run {info.run_id!r} is still recording; replay it once it ended")
     session = Session(recorder=None, upstream=None, recorded=info.calls, match=match)
     outcome_cmd = outcome if outcome is not None else info.config.get("outcome")
-    run = _execute(session, cmd, outcome_cmd, None)
+    run = _execute(session, cmd, outcome_cmd, None, stdout)
     return _replay_report(info, session, run, match)
 
 
@@ -399,6 +404,7 @@ def fork_branch(
     keep: frozenset[int] = frozenset(),
     match: MatchMode = MatchMode.EXACT,
     outcome: str | None = None,
+    stdout: Any = subprocess.DEVNULL,
 ) -> ProgramRun:
     """One branch: a child run of `info` forked at step iv.k, the program re-run with the
     calls before k answered from the journal, `iv` applied at k, live calls after (steps in
@@ -449,15 +455,7 @@ def fork_branch(
         _close(recorder, ProgramRun(child, "failed", None, None, None, 0, str(e)))
         raise
     outcome_cmd = outcome if outcome is not None else info.config.get("outcome")
-    return _guarded(recorder, session, cmd, outcome_cmd)
-
-
-def check_upstream(url: str | None) -> None:
-    if url:
-        try:
-            Upstream(url).check()
-        except UpstreamError:
-            raise
+    return _guarded(recorder, session, cmd, outcome_cmd, stdout)
 
 
 __all__ = [
