@@ -121,6 +121,15 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+def _run_tool(run: Any) -> tuple[Any, str, Exception | None]:
+    """(value, its journaled text, the exception it raised)."""
+    try:
+        value = run()
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}", e
+    return value, (value if isinstance(value, str) else wire.canonical(value)), None
+
+
 class Miss(EngineError):
     """A replayed request has no matching recorded call (the message is the diagnosis)."""
 
@@ -172,6 +181,8 @@ class Session:
         self.calls = 0
         self.journaled = 0
         self.upstream_errors: list[str] = []
+        # (step, agent, journaled here) of the latest call: where an in-process tool belongs
+        self.current: tuple[int, str, bool] | None = None
         self._inflight = 0
         self._idle = threading.Condition(self.lock)
 
@@ -320,7 +331,63 @@ class Session:
                 raise
             self.next_step = k + 1
             self.journaled += 1
+            self.current = (k, agent, True)
         return k
+
+    def journal_tool(self, tool: str, param: str, run: Any) -> Any:
+        """An in-process tool call (engine.program.client.tool): journaled as the latest
+        call's ToolCall and ToolResult (only the ToolResult when the model asked for it by
+        OpenAI tool calling, whose ToolCall is journaled already). Under do_observation at
+        that call its first tool returns the intervention's text instead of running.
+        Outside any call, or in a fork's prefix (journaled by the parent), it just runs."""
+        with self.lock:
+            cur = self.current
+        iv = self.intervention
+        if cur is not None and isinstance(iv, DoObservation) and cur[0] == iv.k:
+            with self.lock:
+                first = not getattr(self, "_observed", False)
+                self._observed = True
+            if first:
+                value, text, exc = iv.observation, iv.observation, None
+            else:
+                value, text, exc = _run_tool(run)
+        else:
+            value, text, exc = _run_tool(run)
+        if cur is None or not cur[2] or self.recorder is None:
+            if exc is not None:
+                raise exc
+            return value
+        step, agent, _ = cur
+        with self.lock:
+            events: list[ev.Event] = []
+            asked = next(
+                (
+                    tid
+                    for tid, (st, _who, name, _p) in self.tool_ids.items()
+                    if st == step and name == tool
+                ),
+                None,
+            )
+            if asked is not None:
+                self.tool_ids.pop(asked)
+                self.resulted.add(asked)
+            else:
+                events.append(ev.ToolCall(step=step, agent=agent, tool=tool, param=param))
+            events.append(
+                ev.ToolResult(
+                    step=step,
+                    agent=agent,
+                    tool=tool,
+                    param=param,
+                    ok=exc is None,
+                    output=text if exc is None else "",
+                    error=None if exc is None else text,
+                )
+            )
+            self.recorder.append(events)
+        if exc is not None:
+            raise exc
+        return value
 
     # ------------------------------------------------------------------ request edits
 
@@ -523,6 +590,8 @@ class _Handler(BaseHTTPRequestHandler):
             entries = wire.request_entries(body, "client")
             s.check_recorded(agent, ordinal, rec, entries)
             assert rec is not None
+            with s.lock:
+                s.current = (rec.step, agent, False)
             self._send_answer(body, rec.answer(), agent, ordinal, rec.step)
             return
         if route == "intervene":
