@@ -34,9 +34,7 @@ REGISTRY_TABLES = {
 
 def core_modules() -> list[Path]:
     mods = [
-        p
-        for p in sorted(ENGINE.rglob("*.py"))
-        if p.relative_to(ENGINE).parts[0] not in NOT_CORE
+        p for p in sorted(ENGINE.rglob("*.py")) if p.relative_to(ENGINE).parts[0] not in NOT_CORE
     ]
     assert len(mods) > 30  # the walk found the core, not an empty directory
     return mods
@@ -172,8 +170,8 @@ def test_core_imports_load_no_heist_module() -> None:
 
 
 def test_registry_finds_the_heist_by_its_recorded_name() -> None:
-    """"heist" (the name its runs record) resolves, lazily, to the heist's scenario class."""
-    assert BUILTIN_SCENARIOS == {"heist": "engine.heist.session:HeistScenario"}
+    """ "heist" (the name its runs record) resolves, lazily, to the heist's scenario class."""
+    assert BUILTIN_SCENARIOS["heist"] == "engine.heist.session:HeistScenario"
     from engine.heist import HeistScenario
 
     assert scenario_factory("heist") is HeistScenario

@@ -373,3 +373,16 @@ def test_replay_of_a_heist_run_with_a_command_is_refused(tmp_path: Path) -> None
     r = car(journal, "replay", run_id, "--", sys.executable, EXAMPLE)
     assert r.returncode == 1
     assert "is a 'heist' run, not a recorded program" in r.stderr
+
+
+def test_core_commands_send_a_program_run_to_its_command(
+    tmp_path: Path, canned: CannedServer
+) -> None:
+    """The Scenario registry knows "program": `car fidelity` (which would drive the run step
+    by step) and `car fork` without `-- CMD` say in one line how such a run is re-run."""
+    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    r = car(journal, "fidelity", run_id)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "re-run by its own command" in r.stderr and "car replay RUN -- CMD" in r.stderr
+    r = car(journal, "fork", run_id, "--at", "1", "--do", "resample", "-n", "1")
+    assert r.returncode == 1 and "give its command after `--`" in r.stderr

@@ -237,7 +237,7 @@ def test_a_process_without_the_scenario_refuses_it_in_one_line(
     )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
-    assert lines == [f"error: unknown scenario {NAME!r}; known scenarios: heist"]
+    assert lines == [f"error: unknown scenario {NAME!r}; known scenarios: heist, program"]
     assert j.head(run) == before
 
 

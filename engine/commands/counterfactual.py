@@ -68,12 +68,11 @@ ProgramCmdArg = Annotated[
 def program_or(
     fn: Callable[..., Any], command: list[str] | None, base_url: str | None, name: str
 ) -> Callable[..., Any]:
-    """`fn` for a heist run; with a trailing `-- CMD`, the recorded program's counterpart."""
-    if not command:
-        return fn
+    """`fn` for a heist run; for a recorded program (car record), its counterpart re-running
+    the trailing `-- CMD` (engine/commands/program.py)."""
     from engine.commands import program
 
-    return functools.partial(getattr(program, name), cmd=command, upstream=base_url)
+    return functools.partial(program.dispatch, fn, name, command, base_url)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -271,6 +271,37 @@ def attribute_program(
     return attribute(journal, run_id, cmd, upstream=upstream, **options)
 
 
+def dispatch(
+    heist_fn: Any,
+    name: str,
+    command: list[str] | None,
+    upstream: str | None,
+    journal: Any,
+    run_id: str,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """Send `car fork` / `car attribute` to the recorded-program path when the run is one:
+    it needs the program's command (after `--`), and a heist run must not get one."""
+    from engine.program.session import ProgramError, is_program_run
+
+    program_run = is_program_run(journal, run_id)
+    if program_run and not command:
+        raise ProgramError(
+            f"run {run_id!r} is a recorded program: give its command after `--` "
+            f"(e.g. car {name.split('_')[0]} {run_id} ... -- python agents.py)"
+        )
+    if not program_run and command:
+        raise ProgramError(
+            f"run {run_id!r} is not a recorded program; `-- CMD` is only for runs made by "
+            "car record"
+        )
+    if not command:
+        return heist_fn(journal, run_id, *args, **kwargs)
+    fn = fork_program if name == "fork_program" else attribute_program
+    return fn(journal, run_id, *args, cmd=command, upstream=upstream, **kwargs)
+
+
 def register(app: typer.Typer) -> None:
     """Add `record` and `replay` to `app`."""
     app.command("record")(record_cmd)

@@ -258,7 +258,7 @@ def attribute_program(
     progress: AttributionProgress | None = None,
 ) -> dict[str, Any]:
     """Which call (or agent) caused a recorded program's failure; plain data for the CLI, in
-    the shape of the heist's attribution (engine.heist.attribution)."""
+    the shape of the heist's attribution (so the CLI prints both alike)."""
     if method not in ("contrastive", "shapley"):
         raise ConfigError(f"unknown method {method!r}; expected one of: contrastive, shapley")
     kind = PlayersKind.parse(players)
