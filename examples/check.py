@@ -10,8 +10,13 @@ import json
 import os
 import re
 import sys
+import tempfile
 
-OUT = os.environ.get("THREE_AGENTS_OUT", "three_agents.json")
+# one file per run: car sets CAR_RUN_ID for the program and its outcome command alike, so
+# concurrent fork branches (-c N) never share one
+OUT = os.environ.get("THREE_AGENTS_OUT") or os.path.join(
+    tempfile.gettempdir(), f"three_agents-{os.environ.get('CAR_RUN_ID', 'run')}.json"
+)
 
 
 def main() -> int:

@@ -6,7 +6,8 @@ a reporter. Written as any program would be - nothing here knows about `car`:
 The agents are told apart three ways, to show each: the planner sends an `X-Car-Agent`
 header, the solver sets the OpenAI `user` field, the reporter only has its system prompt.
 The calculator runs in this program (OpenAI tool calling: the model asks, the program
-answers). The result goes to `three_agents.json` (or $THREE_AGENTS_OUT) for check.py.
+answers). The result goes to a file named by the run ($CAR_RUN_ID; or $THREE_AGENTS_OUT)
+for check.py.
 
     --stream   the reporter streams its answer
 """
@@ -17,11 +18,16 @@ import json
 import operator
 import os
 import sys
+import tempfile
 
 from openai import OpenAI
 
 MODEL = os.environ.get("THREE_AGENTS_MODEL", "smollm2")
-OUT = os.environ.get("THREE_AGENTS_OUT", "three_agents.json")
+# one file per run: car sets CAR_RUN_ID for the program and its outcome command alike, so
+# concurrent fork branches (-c N) never share one
+OUT = os.environ.get("THREE_AGENTS_OUT") or os.path.join(
+    tempfile.gettempdir(), f"three_agents-{os.environ.get('CAR_RUN_ID', 'run')}.json"
+)
 CALCULATOR = {
     "type": "function",
     "function": {

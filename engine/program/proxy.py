@@ -242,8 +242,12 @@ class Session:
         exact = (
             rec is not None and first_difference(rec.call.request, entries, MatchMode.EXACT) is None
         )
-        norm = rec is not None and normalised(wire.messages_of(rec.call.request)) == normalised(
-            wire.messages_of(entries)
+        # normalised: the same request up to whitespace and case in the messages' contents
+        norm = (
+            rec is not None
+            and normalised(wire.messages_of(rec.call.request))
+            == normalised(wire.messages_of(entries))
+            and wire.params_of(rec.call.request) == wire.params_of(entries)
         )
         strict = (
             None if rec is None else first_difference(rec.call.request, entries, MatchMode.EXACT)

@@ -134,11 +134,13 @@ def _execute(
     outcome_cmd: str | None,
     run_id: str | None,
     stdout: Any = None,
+    env_id: str | None = None,
 ) -> ProgramRun:
     """Run the program against a session's proxy, then its outcome command. `stdout` is
-    where their output goes (None: car's own stdout)."""
+    where their output goes (None: car's own stdout). Both see CAR_RUN_ID (the run, or
+    `env_id` for a replay), e.g. to keep the files of concurrent branches apart."""
     with Proxy(session) as proxy:
-        env = program_env(proxy.base_url, run_id)
+        env = program_env(proxy.base_url, env_id or run_id)
         try:
             code = run_command(cmd, env, stdout)
         except OSError as e:
@@ -314,7 +316,7 @@ def replay(
         raise ProgramError(f"run {info.run_id!r} is still recording; replay it once it ended")
     session = Session(recorder=None, upstream=None, recorded=info.calls, match=match)
     outcome_cmd = outcome if outcome is not None else info.config.get("outcome")
-    run = _execute(session, cmd, outcome_cmd, None, stdout)
+    run = _execute(session, cmd, outcome_cmd, None, stdout, f"replay-{info.run_id}")
     return _replay_report(info, session, run, match)
 
 
