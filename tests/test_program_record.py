@@ -386,3 +386,46 @@ def test_core_commands_send_a_program_run_to_its_command(
     assert "re-run by its own command" in r.stderr and "car replay RUN -- CMD" in r.stderr
     r = car(journal, "fork", run_id, "--at", "1", "--do", "resample", "-n", "1")
     assert r.returncode == 1 and "give its command after `--`" in r.stderr
+
+
+SLOW_WHEN_FORKED = """
+import os, sys, time
+from openai import OpenAI
+c = OpenAI(max_retries=0)
+c.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
+c.chat.completions.create(model="m", messages=[{"role": "user", "content": "two"}])
+if os.environ.get("SLOW"):
+    print("called", file=sys.stderr, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_ctrl_c_during_a_fork_closes_the_branch_as_stopped(
+    tmp_path: Path, canned: CannedServer
+) -> None:
+    """SIGINT while a branch's program runs: the program is stopped, the branch closed as
+    stopped (never left recording), exit 130."""
+    prog = tmp_path / "slow.py"
+    prog.write_text(SLOW_WHEN_FORKED)
+    journal = tmp_path / "j.db"
+    r = car(
+        journal, "record", "--base-url", canned.base_url, "--json", "--", sys.executable, str(prog)
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_BASE_URL"}
+    env.update(PYTHONPATH=str(ROOT), SLOW="1")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--journal", str(journal), "fork", run_id, "--at", "1",
+         "--do", "resample", "-n", "3", "--", sys.executable, str(prog)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert p.stderr is not None
+    assert p.stderr.readline().strip() == "called"
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=30)
+    assert p.returncode == 130
+    with Journal(journal) as j:
+        kids = j.children(run_id)
+        assert len(kids) == 1  # the next branches never started
+        assert j.status(kids[0].run_id) == "stopped"

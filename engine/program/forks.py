@@ -108,10 +108,13 @@ def _run_all(
     concurrency: int,
     progress: Progress | None,
 ) -> list[BranchResult]:
+    from engine.workers import check
+
     results: list[BranchResult | None] = [None] * len(items)
     done = 0
     if concurrency <= 1:
         for i, it in enumerate(items):
+            check()  # a stop request (Ctrl-C) ends the command between branches
             results[i] = one(it)
             done += 1
             if progress:
@@ -193,6 +196,9 @@ class ProgramForwardModel:
         return text.strip()
 
     def _branch(self, req: ForwardRequest) -> bool:
+        from engine.workers import check
+
+        check()
         free = [j for j in range(self.n_steps) if j not in req.keep]
         if not free:
             return bool(self.info.outcome.get("bad"))

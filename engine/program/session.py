@@ -97,21 +97,32 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str], stdout: Any = None) 
     """Run the program to its end; its exit status (negative: killed by that signal). On
     Ctrl-C the program gets SIGINT too (it shares the terminal), some seconds to exit, then
     SIGTERM and SIGKILL; the KeyboardInterrupt is re-raised once it is gone."""
+    from engine.workers import STOP
+
     proc = subprocess.Popen(list(cmd), env=dict(env), stdout=stdout)
     try:
-        return proc.wait()
+        while True:
+            try:
+                return proc.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+            # under the counterfactual commands' interrupt handling (engine.workers) Ctrl-C
+            # only sets STOP, and the process ends soon after: stop the program at once
+            if STOP.is_set():
+                _stop(proc, grace=0.3)
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         _stop(proc)
         raise
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], grace: float = STOP_GRACE) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:
             return
         try:
             proc.send_signal(sig)
-            proc.wait(timeout=STOP_GRACE if sig == signal.SIGINT else 2.0)
+            proc.wait(timeout=grace if sig == signal.SIGINT else min(grace, 2.0))
         except subprocess.TimeoutExpired:
             continue
         except KeyboardInterrupt:
