@@ -429,3 +429,22 @@ def test_ctrl_c_during_a_fork_closes_the_branch_as_stopped(
         kids = j.children(run_id)
         assert len(kids) == 1  # the next branches never started
         assert j.status(kids[0].run_id) == "stopped"
+
+
+def test_fork_policy_and_context(tmp_path: Path, canned: CannedServer) -> None:
+    """do_policy at K sends call K and later ones to another server and model; do_context
+    {"text": t} adds t as a user message to call K's request."""
+    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    env = {"THREE_AGENTS_OUT": str(tmp_path / "out.json")}
+    with CannedServer() as other:
+        spec = f"openai:base_url={other.base_url},model=other-model"
+        r = car(journal, "fork", run_id, "--at", "2", "--do", "policy", "--value", spec,
+                "-n", "1", "--json", "--", sys.executable, EXAMPLE, env=env)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert [q["model"] for q in other.requests] == ["other-model", "other-model"]
+    before = len(canned.requests)
+    r = car(journal, "fork", run_id, "--at", "3", "--do", "context", "--value", "Say 42.",
+            "-n", "1", "--json", "--", sys.executable, EXAMPLE, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (sent,) = canned.requests[before:]
+    assert sent["messages"][-1] == {"role": "user", "content": "Say 42."}
