@@ -34,7 +34,7 @@ from engine.projections import conversation
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
 from engine.runtime.recorder import Recorder
 from engine.runtime.seeds import step_seed
-from engine.scenario import scenario_for
+from engine.scenario import scenario_factory, scenario_for
 from engine.state import State, apply, edit_transcript, state_at_seq, step_seq
 from engine.workers import GRACE, STOP, Interrupted, StopChannel, WorkerPool, check
 
@@ -283,6 +283,8 @@ class ParentInfo(msgspec.Struct, frozen=True):
 def parent_info(journal: Journal, run_id: str) -> ParentInfo:
     """What validating and running interventions needs to know about the parent run."""
     info = journal.run(run_id)
+    # a scenario this process cannot rebuild fails here in one line, not once per branch
+    scenario_factory(info.scenario)
     actions: dict[int, str] = {}
     tool_steps: set[int] = set()
     outcome: dict[str, Any] = {}

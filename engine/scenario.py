@@ -34,20 +34,35 @@ from engine.state import State
 class ToolOutcome(Protocol):
     """The result of one tool call: journaled as a ToolResult, seen by the calling agent."""
 
-    ok: bool
-    output: str
-    error: str | None
+    # read-only members: a frozen dataclass or msgspec Struct implements them
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def output(self) -> str: ...
+
+    @property
+    def error(self) -> str | None: ...
 
 
 class Scenario(Protocol):
     """One scenario instance, bound to one run's configuration."""
 
-    #: the name runs of this scenario record in RunStarted.scenario (the registry key)
-    name: str
-    #: the agents, in turn order as the scenario's views assign them
-    agents: tuple[str, ...]
-    #: how many steps a run takes; the loop ends the run after step total_steps - 1
-    total_steps: int
+    # read-only members: a plain class attribute implements them
+    @property
+    def name(self) -> str:
+        """The name runs of this scenario record in RunStarted.scenario (the registry key)."""
+        ...
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """The agents, in the order RunStarted lists them."""
+        ...
+
+    @property
+    def total_steps(self) -> int:
+        """How many steps a run takes; the loop ends the run after step total_steps - 1."""
+        ...
 
     def run_config(self) -> dict[str, Any]:
         """The journaled form of this scenario (RunStarted.config): all from_state needs."""

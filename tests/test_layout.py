@@ -170,7 +170,7 @@ def test_core_imports_load_no_heist_module() -> None:
 
 
 def test_registry_finds_the_heist_by_its_recorded_name() -> None:
-    """ "heist" (the name its runs record) resolves, lazily, to the heist's scenario class."""
+    """The name the heist's runs record, "heist", resolves lazily to its scenario class."""
     assert BUILTIN_SCENARIOS["heist"] == "engine.heist.session:HeistScenario"
     from engine.heist import HeistScenario
 
@@ -189,3 +189,18 @@ def test_registry_refuses_an_unknown_scenario(name: str) -> None:
     assert "\n" not in msg
     assert msg.startswith("unknown scenario ") and "known scenarios: heist" in msg
     assert (repr(name) if name else "(none recorded)") in msg
+
+
+def test_heist_public_names_resolve() -> None:
+    """Every name engine.heist exports (what its consumers use) resolves to the object of the
+    heist module that defines it; an unknown name is an AttributeError."""
+    import importlib
+
+    import engine.heist as heist
+
+    for name in heist.__all__:
+        obj = getattr(heist, name)
+        assert obj is getattr(importlib.import_module(heist._EXPORTS[name]), name)
+    assert sorted(heist._EXPORTS) == sorted(heist.__all__)
+    with pytest.raises(AttributeError):
+        heist.nope  # noqa: B018

@@ -223,22 +223,31 @@ def test_other_interventions_fork_the_toy(recorded: tuple[Journal, str]) -> None
 def test_a_process_without_the_scenario_refuses_it_in_one_line(
     recorded: tuple[Journal, str],
 ) -> None:
-    """`car fidelity` in a process where the toy is not registered fails with one clear line
-    naming the scenario and the known ones, a non-zero exit, and the journal untouched."""
+    """`car fidelity`, `car fork` and `car attribute` in a process where the toy is not
+    registered fail with one clear line naming the scenario and the known ones, a non-zero
+    exit, no branch made and the journal untouched."""
     j, run = recorded
     before = j.head(run)
-    path = j.path
-    proc = subprocess.run(
-        [sys.executable, "-m", "cli", "--journal", str(path), "fidelity", run],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert lines == [f"error: unknown scenario {NAME!r}; known scenarios: heist, program"]
+    for command in (
+        ["fidelity", run],
+        ["fork", run, "--at", "1", "--do", "action", "--value", "7 [add:6+1]", "-n", "2"],
+        ["attribute", run],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "cli", "--journal", str(j.path), *command],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 1, command
+        lines = proc.stderr.strip().splitlines()
+        assert lines == [f"error: unknown scenario {NAME!r}; known scenarios: heist, program"], (
+            command
+        )
+        assert proc.stdout == "", command
     assert j.head(run) == before
+    assert j.children(run) == []
 
 
 def test_policies_resolve_through_the_registry(toy: None) -> None:
