@@ -448,3 +448,32 @@ def test_fork_policy_and_context(tmp_path: Path, canned: CannedServer) -> None:
     assert r.returncode == 0, r.stderr
     (sent,) = canned.requests[before:]
     assert sent["messages"][-1] == {"role": "user", "content": "Say 42."}
+
+
+def test_fork_names_a_divergence_before_k(tmp_path: Path, canned: CannedServer) -> None:
+    """A program that asks something else before the fork point is not deterministic given
+    the model's answers: the branch fails with the diagnosis (closed as failed, never left
+    recording) and the fork says so in one line."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(
+        NONDETERMINISTIC.replace('"content": "hello"}]', '"content": "hello" + extra}]')
+    )
+    prog.write_text(prog.read_text().replace('extra = os.environ.get("TWIST", "")\n', ""))
+    prog.write_text(
+        prog.read_text().replace("c = OpenAI", 'extra = os.environ.get("TWIST", "")\nc = OpenAI')
+    )
+    journal = tmp_path / "j.db"
+    r = car(
+        journal, "record", "--base-url", canned.base_url, "--json", "--", sys.executable, str(prog)
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    r = car(journal, "fork", run_id, "--at", "1", "--do", "resample", "-n", "1", "--",
+            sys.executable, str(prog), env={"TWIST": "!"})  # fmt: skip
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: every branch failed (1 of 1): replay miss: call 0 of agent")
+    assert "messages[0].content differs: recorded 'hello', got 'hello!'" in last
+    with Journal(journal) as j:
+        (kid,) = j.children(run_id)
+        assert j.status(kid.run_id) == "failed"
