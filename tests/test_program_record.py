@@ -450,18 +450,22 @@ def test_fork_policy_and_context(tmp_path: Path, canned: CannedServer) -> None:
     assert sent["messages"][-1] == {"role": "user", "content": "Say 42."}
 
 
+EARLY_TWIST = """
+import os
+from openai import OpenAI
+c = OpenAI(max_retries=0)
+first = "hello" + os.environ.get("TWIST", "")
+c.chat.completions.create(model="m", messages=[{"role": "user", "content": first}])
+c.chat.completions.create(model="m", messages=[{"role": "user", "content": "and then?"}])
+"""
+
+
 def test_fork_names_a_divergence_before_k(tmp_path: Path, canned: CannedServer) -> None:
     """A program that asks something else before the fork point is not deterministic given
     the model's answers: the branch fails with the diagnosis (closed as failed, never left
     recording) and the fork says so in one line."""
     prog = tmp_path / "prog.py"
-    prog.write_text(
-        NONDETERMINISTIC.replace('"content": "hello"}]', '"content": "hello" + extra}]')
-    )
-    prog.write_text(prog.read_text().replace('extra = os.environ.get("TWIST", "")\n', ""))
-    prog.write_text(
-        prog.read_text().replace("c = OpenAI", 'extra = os.environ.get("TWIST", "")\nc = OpenAI')
-    )
+    prog.write_text(EARLY_TWIST)
     journal = tmp_path / "j.db"
     r = car(
         journal, "record", "--base-url", canned.base_url, "--json", "--", sys.executable, str(prog)
