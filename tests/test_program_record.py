@@ -63,18 +63,30 @@ def _record(
     return journal, run_id, r
 
 
+Shared = tuple[Path, str, list[dict[str, object]]]
+
+
+@pytest.fixture(scope="module")
+def shared(canned: CannedServer, tmp_path_factory: pytest.TempPathFactory) -> Shared:
+    """One recording of the example that the tests below only read or fork (with the
+    requests the server received for it)."""
+    before = len(canned.requests)
+    journal, run_id, _ = _record(tmp_path_factory.mktemp("shared"), canned.base_url)
+    return journal, run_id, canned.requests[before:]
+
+
 def _events(journal: Path, run_id: str) -> list[ev.Event]:
     with Journal(journal) as j:
         return j.events(run_id)
 
 
 def test_record_journals_one_run_of_existing_event_types(
-    tmp_path: Path, canned: CannedServer
+    tmp_path: Path, canned: CannedServer, shared: Shared
 ) -> None:
     """A recorded program is one run: RunStarted(scenario program), one LlmCall per chat
     completion with request, seed, usage, latency and fingerprint, the model's tool call and
     the program's tool result, chat messages, and RunEnded with the outcome command's verdict."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, sent = shared
     events = _events(journal, run_id)
     kinds = [ev.kind_of(e) for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "run_ended"
@@ -99,25 +111,26 @@ def test_record_journals_one_run_of_existing_event_types(
     # the canned reporter never says 42: check.py judges the run bad
     assert end.outcome == {"bad": True, "exit_status": 0, "outcome_status": 1, "calls": 4}
     # the injected seed is what the server received
-    sent = [r["seed"] for r in canned.requests[-4:]]
-    assert sent == [c.seed for c in calls]
+    assert [r["seed"] for r in sent] == [c.seed for c in calls]
 
 
 def test_agents_told_apart_by_header_user_field_and_system_prompt(
-    tmp_path: Path, canned: CannedServer
+    tmp_path: Path, canned: CannedServer, shared: Shared
 ) -> None:
     """The planner sends X-Car-Agent, the solver the `user` field, the reporter only a system
     prompt (named agent-1, the first unnamed prompt)."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, _sent = shared
     calls = [e for e in _events(journal, run_id) if isinstance(e, ev.LlmCall)]
     assert [c.agent for c in calls] == ["planner", "solver", "solver", "agent-1"]
 
 
-def test_tool_call_ids_are_the_recorders(tmp_path: Path, canned: CannedServer) -> None:
+def test_tool_call_ids_are_the_recorders(
+    tmp_path: Path, canned: CannedServer, shared: Shared
+) -> None:
     """The program sees `call_<agent>_<n>_<i>` ids (not the server's), and sends them back in
     its tool message, so a replay hands out the very ids the recording did."""
-    _record(tmp_path, canned.base_url)
-    tool_msgs = [m for m in canned.requests[-2]["messages"] if m.get("role") == "tool"]
+    _, _, sent = shared
+    tool_msgs = [m for m in sent[-2]["messages"] if m.get("role") == "tool"]
     assert [m["tool_call_id"] for m in tool_msgs] == ["call_solver_0_0"]
 
 
@@ -139,11 +152,11 @@ def test_streaming_is_recorded_and_restreamed(tmp_path: Path, canned: CannedServ
 
 
 def test_replay_answers_from_the_journal_at_fidelity_one(
-    tmp_path: Path, canned: CannedServer
+    tmp_path: Path, canned: CannedServer, shared: Shared
 ) -> None:
     """A replay needs no server: every call is answered from the journal, every request
     matches, and the outcome is the recorded one."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, _sent = shared
     before = len(canned.requests)
     env = {"THREE_AGENTS_OUT": str(tmp_path / "out.json")}
     r = car(journal, "replay", run_id, "--json", "--", sys.executable, EXAMPLE, env=env)
@@ -194,9 +207,9 @@ def test_replay_miss_is_a_diagnosis(tmp_path: Path, canned: CannedServer) -> Non
     assert [d["field"] for d in report["divergences"]] == ["messages[2].content"]
 
 
-def test_match_mode_typo_fails_loudly(tmp_path: Path, canned: CannedServer) -> None:
+def test_match_mode_typo_fails_loudly(tmp_path: Path, canned: CannedServer, shared: Shared) -> None:
     """An unknown --match is a usage error listing the valid modes."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, _sent = shared
     r = car(journal, "replay", run_id, "--match", "exactly", "--", sys.executable, EXAMPLE)
     assert r.returncode == 2
     assert "'exact', 'messages', 'position'" in r.stderr
@@ -297,11 +310,13 @@ def test_ctrl_c_closes_the_run_as_stopped(tmp_path: Path, canned: CannedServer) 
         assert j.status(info.run_id) == "stopped"
 
 
-def test_fork_branches_are_child_runs_with_outcomes(tmp_path: Path, canned: CannedServer) -> None:
+def test_fork_branches_are_child_runs_with_outcomes(
+    tmp_path: Path, canned: CannedServer, shared: Shared
+) -> None:
     """`car fork RUN --at K --do action -- CMD`: each branch is a child run that shares the
     calls before K, starts with the Intervention, journals the forced answer at K and the live
     calls after it, and ends with its own outcome (bad: the canned reporter never says 42)."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, _sent = shared
     env = {"THREE_AGENTS_OUT": str(tmp_path / "out.json")}
     before = len(canned.requests)
     r = car(journal, "fork", run_id, "--at", "2", "--do", "action", "--value", "It is 42.",
@@ -322,10 +337,12 @@ def test_fork_branches_are_child_runs_with_outcomes(tmp_path: Path, canned: Cann
             assert j.run(b["run_id"]).parent_run_id == run_id
 
 
-def test_fork_resample_redraws_with_branch_seeds(tmp_path: Path, canned: CannedServer) -> None:
+def test_fork_resample_redraws_with_branch_seeds(
+    tmp_path: Path, canned: CannedServer, shared: Shared
+) -> None:
     """do_resample at K re-sends call K live with each branch's own seed (the canned text
     echoes it), and the calls before K never reach the server."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, sent = shared
     env = {"THREE_AGENTS_OUT": str(tmp_path / "out.json")}
     before = len(canned.requests)
     r = car(journal, "fork", run_id, "--at", "3", "--do", "resample", "-n", "3", "--json", "--",
@@ -336,11 +353,11 @@ def test_fork_resample_redraws_with_branch_seeds(tmp_path: Path, canned: CannedS
 
 
 def test_fork_observation_rewrites_the_tool_result_the_model_sees(
-    tmp_path: Path, canned: CannedServer
+    tmp_path: Path, canned: CannedServer, shared: Shared
 ) -> None:
     """do_observation at the solver's tool call keeps the recorded call and replaces the tool
     result in what the next call sends upstream (and in the journaled ToolResult)."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, _sent = shared
     env = {"THREE_AGENTS_OUT": str(tmp_path / "out.json")}
     before = len(canned.requests)
     r = car(journal, "fork", run_id, "--at", "1", "--do", "observation", "--value", "41",
@@ -354,9 +371,11 @@ def test_fork_observation_rewrites_the_tool_result_the_model_sees(
         assert [x.output for x in res] == ["41"]
 
 
-def test_fork_observation_needs_a_tool_call(tmp_path: Path, canned: CannedServer) -> None:
+def test_fork_observation_needs_a_tool_call(
+    tmp_path: Path, canned: CannedServer, shared: Shared
+) -> None:
     """do_observation at a call without tool calls: one line listing the calls that have one."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, _sent = shared
     r = car(journal, "fork", run_id, "--at", "0", "--do", "observation", "--value", "x",
             "-n", "1", "--", sys.executable, EXAMPLE)  # fmt: skip
     assert r.returncode == 1
@@ -376,11 +395,11 @@ def test_replay_of_a_heist_run_with_a_command_is_refused(tmp_path: Path) -> None
 
 
 def test_core_commands_send_a_program_run_to_its_command(
-    tmp_path: Path, canned: CannedServer
+    tmp_path: Path, canned: CannedServer, shared: Shared
 ) -> None:
     """The Scenario registry knows "program": `car fidelity` (which would drive the run step
     by step) and `car fork` without `-- CMD` say in one line how such a run is re-run."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, _sent = shared
     r = car(journal, "fidelity", run_id)
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "re-run by its own command" in r.stderr and "car replay RUN -- CMD" in r.stderr
@@ -431,10 +450,10 @@ def test_ctrl_c_during_a_fork_closes_the_branch_as_stopped(
         assert j.status(kids[0].run_id) == "stopped"
 
 
-def test_fork_policy_and_context(tmp_path: Path, canned: CannedServer) -> None:
+def test_fork_policy_and_context(tmp_path: Path, canned: CannedServer, shared: Shared) -> None:
     """do_policy at K sends call K and later ones to another server and model; do_context
     {"text": t} adds t as a user message to call K's request."""
-    journal, run_id, _ = _record(tmp_path, canned.base_url)
+    journal, run_id, sent = shared
     env = {"THREE_AGENTS_OUT": str(tmp_path / "out.json")}
     with CannedServer() as other:
         spec = f"openai:base_url={other.base_url},model=other-model"
