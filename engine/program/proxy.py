@@ -678,8 +678,7 @@ class _Handler(BaseHTTPRequestHandler):
             s.upstream_errors.append(f"unreadable reply: {e}")
             self._reply(502, _error_body(f"upstream reply unreadable: {e}", "car_upstream"))
             return
-        k = s.journal_call(agent, ordinal, sent, seed, source, a, latency, up.url)
-        del k
+        s.journal_call(agent, ordinal, sent, seed, source, a, latency, up.url)
         if a.tool_calls:
             wire.rewrite_tool_ids(reply, agent, ordinal)
             data = wire.canonical(reply).encode()
