@@ -5,7 +5,8 @@ recorded call (agents are named as they were while recording, engine.program.wir
 mode says what must then be equal (vcrpy's discipline: explicit modes, a typo fails loudly):
 
 * `exact` (default): the messages and every other field of the request (model, tools,
-  sampling parameters, stream); the seed too when the program sent one itself.
+  sampling parameters, stream) but the seed, which the recorder journals on its own and a
+  replay has no use for (the answer comes from the journal).
 * `messages`: the messages only (another model name or temperature still matches).
 * `position`: nothing; the n-th call gets the n-th answer whatever it asks. Differences are
   still counted as divergences of the program's behaviour, they only do not stop it.
