@@ -500,3 +500,43 @@ def test_fork_names_a_divergence_before_k(tmp_path: Path, canned: CannedServer) 
     with Journal(journal) as j:
         (kid,) = j.children(run_id)
         assert j.status(kid.run_id) == "failed"
+
+
+CONCURRENT = """
+import threading
+from openai import OpenAI
+c = OpenAI(max_retries=0)
+
+def agent(name):
+    history = [{"role": "user", "content": f"I am {name}"}]
+    for _ in range(2):
+        head = {"X-Car-Agent": name}
+        r = c.chat.completions.create(model="m", messages=history, extra_headers=head)
+        history += [{"role": "assistant", "content": r.choices[0].message.content}]
+
+threads = [threading.Thread(target=agent, args=(n,)) for n in ("ann", "bob", "cy")]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+
+
+def test_concurrent_agents_replay_by_agent_and_position(
+    tmp_path: Path, canned: CannedServer
+) -> None:
+    """Three agents calling at once: steps are numbered in completion order, each agent's calls
+    keep their order, and a replay (matching each agent's n-th call) is faithful whatever
+    order the calls arrive in this time."""
+    prog = tmp_path / "three_at_once.py"
+    prog.write_text(CONCURRENT)
+    journal = tmp_path / "j.db"
+    r = car(
+        journal, "record", "--base-url", canned.base_url, "--json", "--", sys.executable, str(prog)
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    calls = [e for e in _events(journal, run_id) if isinstance(e, ev.LlmCall)]
+    assert sorted(c.step for c in calls) == list(range(6))
+    assert sorted(c.agent for c in calls) == ["ann", "ann", "bob", "bob", "cy", "cy"]
+    r = car(journal, "replay", run_id, "--json", "--", sys.executable, str(prog))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["fidelity"] == 1.0
