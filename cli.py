@@ -451,10 +451,11 @@ def heist_cmd(
 # each command group registers itself; cli.py stays the assembly
 from engine.commands import counterfactual
 from engine.commands import detect as _detect_commands
+from engine.commands import program as _program
 from engine.commands import serve as _serve
 from engine.commands import traces as _traces
 
-for _group in (counterfactual, _detect_commands, _traces, _serve):
+for _group in (counterfactual, _detect_commands, _traces, _serve, _program):
     _group.register(app)
 
 

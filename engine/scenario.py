@@ -101,6 +101,7 @@ class ScenarioFactory(Protocol):
 #: Built-in scenarios by name, as "module:attr" references imported on first use.
 BUILTIN_SCENARIOS: dict[str, str] = {
     "heist": "engine.heist.session:HeistScenario",
+    "program": "engine.program.scenario:ProgramScenario",
 }
 
 _registered: dict[str, str | ScenarioFactory] = dict(BUILTIN_SCENARIOS)

@@ -171,7 +171,7 @@ def test_core_imports_load_no_heist_module() -> None:
 
 def test_registry_finds_the_heist_by_its_recorded_name() -> None:
     """The name the heist's runs record, "heist", resolves lazily to its scenario class."""
-    assert BUILTIN_SCENARIOS == {"heist": "engine.heist.session:HeistScenario"}
+    assert BUILTIN_SCENARIOS["heist"] == "engine.heist.session:HeistScenario"
     from engine.heist import HeistScenario
 
     assert scenario_factory("heist") is HeistScenario

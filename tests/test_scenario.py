@@ -242,7 +242,9 @@ def test_a_process_without_the_scenario_refuses_it_in_one_line(
         )
         assert proc.returncode == 1, command
         lines = proc.stderr.strip().splitlines()
-        assert lines == [f"error: unknown scenario {NAME!r}; known scenarios: heist"], command
+        assert lines == [f"error: unknown scenario {NAME!r}; known scenarios: heist, program"], (
+            command
+        )
         assert proc.stdout == "", command
     assert j.head(run) == before
     assert j.children(run) == []

@@ -58,6 +58,24 @@ AllStepsOpt = Annotated[
 ]
 
 
+ProgramCmdArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="A recorded program's command, after `--` (see car record).", metavar="-- CMD"
+    ),
+]
+
+
+def program_or(
+    fn: Callable[..., Any], command: list[str] | None, base_url: str | None, name: str
+) -> Callable[..., Any]:
+    """`fn` for a heist run; for a recorded program (car record), its counterpart re-running
+    the trailing `-- CMD` (engine/commands/program.py)."""
+    from engine.commands import program
+
+    return functools.partial(program.dispatch, fn, name, command, base_url)
+
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -264,11 +282,14 @@ def fork_cmd(
     ray_address: RayAddressOpt = None,
     workers: WorkersOpt = None,
     as_json: JsonOpt = False,
+    command: ProgramCmdArg = None,
 ) -> None:
     """Fork N branches at step k with one do() intervention; the outcome distribution.
 
     With --do policy, --base-url, --model and --timeout configure the policy
-    swapped in. Exits 1 when every branch failed."""
+    swapped in. With `-- CMD` the run is a recorded program (car record): CMD is
+    re-run per branch, calls before k answered from the journal, live after k.
+    Exits 1 when every branch failed."""
     from engine.interventions import fork_many, parse_intervention
     from engine.workers import interruptible
 
@@ -286,7 +307,7 @@ def fork_cmd(
     with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task(f"branches do_{do}@{at}", total=n)
-        report = fork_many(
+        report = program_or(fork_many, command, base_url, "fork_program")(
             j,
             run_id,
             iv,
@@ -456,12 +477,15 @@ def attribute_cmd(
     ray_address: RayAddressOpt = None,
     workers: WorkersOpt = None,
     as_json: JsonOpt = False,
+    base_url: BaseUrlOpt = None,
+    command: ProgramCmdArg = None,
 ) -> None:
     """Which step (or agent) caused the failure: counterfactual forward runs, ranked.
 
     Contrastive scans from the last step back to the point of commitment.
     --all-steps estimates every step. The same command with the same --seed
-    reads back the branches it made before instead of adding new ones."""
+    reads back the branches it made before instead of adding new ones. With
+    `-- CMD` the run is a recorded program (car record), re-run per forward run."""
     from engine.heist.attribution import attribute_run
     from engine.workers import interruptible
 
@@ -478,7 +502,7 @@ def attribute_cmd(
     with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task(f"{method} forward runs", total=None)
-        data = attribute_run(
+        data = program_or(attribute_run, command, base_url, "attribute_program")(
             j,
             run_id,
             method=method,

@@ -1,0 +1,343 @@
+"""Forks and attribution of recorded programs: many branches, each one execution of the program
+journaled as a child run (engine.program.session.fork_branch), scored by its outcome.
+
+Branches are independent processes that spend their time waiting on the model server, so they
+run in threads (`concurrency` at once). A branch is named by the same deterministic key as a
+heist branch (engine.interventions.branch_key), so `car attribute RUN -- CMD` with the same seed
+reads back the branches an earlier attribution made instead of running them again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from engine.attribution.base import ForwardRequest, PlayersKind
+from engine.attribution.base import Progress as AttributionProgress
+from engine.attribution.contrastive import ContrastiveMode, contrastive
+from engine.attribution.shapley import shapley
+from engine.errors import ConfigError, EngineError, InterventionError
+from engine.interventions import (
+    BranchResult,
+    DoResample,
+    ForkReport,
+    Intervention,
+    branch_key,
+    branch_label,
+    branch_seed_for,
+    iv_value,
+    op_name,
+    wilson,
+)
+from engine.journal import Journal
+from engine.program.matching import MatchMode
+from engine.program.proxy import Upstream
+from engine.program.session import ProgramInfo, ProgramRun, fork_branch, program_info
+
+Progress = Callable[[int, int], None]
+
+
+def _ended(info: ProgramInfo) -> None:
+    if info.status in ("recording", "paused"):
+        raise InterventionError(f"run {info.run_id!r} is still recording; fork it once it ended")
+    if not info.calls:
+        raise InterventionError(f"run {info.run_id!r} made no calls to fork at")
+
+
+def _result(run: ProgramRun, reused: bool = False) -> BranchResult:
+    bad = run.bad if run.status == "completed" else None
+    return BranchResult(run.run_id or "", run.status, bad, run.error, reused=reused)
+
+
+def _check_live(info: ProgramInfo, upstream: str | None) -> None:
+    url = upstream or info.config.get("upstream")
+    if url:
+        Upstream(str(url)).check()
+
+
+def fork_program(
+    journal: Journal,
+    run_id: str,
+    iv: Intervention,
+    n: int,
+    cmd: Sequence[str],
+    *,
+    seed: int = 0,
+    concurrency: int = 1,
+    upstream: str | None = None,
+    match: MatchMode = MatchMode.EXACT,
+    progress: Progress | None = None,
+) -> ForkReport:
+    """N branches of one intervention at call k; the outcome distribution (Wilson 95%)."""
+    if n < 1:
+        raise InterventionError(f"the number of branches must be at least 1, got {n}")
+    info = program_info(journal, run_id)
+    _ended(info)
+    _check_live(info, upstream)
+    seeds = [branch_seed_for(seed, i) for i in range(n)]
+
+    def one(bs: int) -> BranchResult:
+        label = branch_label(iv, branch_key(info.run_id, iv, bs, None, None))
+        return _result(
+            fork_branch(journal, info, iv, bs, cmd, upstream=upstream, label=label, match=match)
+        )
+
+    branches = _run_all(one, seeds, concurrency, progress)
+    scored = [b for b in branches if b.bad is not None]
+    bad = sum(1 for b in scored if b.bad)
+    return ForkReport(
+        parent=info.run_id,
+        at=iv.k,
+        op=op_name(iv),
+        value=iv_value(iv),
+        branches=branches,
+        bad=bad,
+        scored=len(scored),
+        bad_rate=bad / len(scored) if scored else None,
+        ci=wilson(bad, len(scored)) if scored else None,
+        factual_bad=info.outcome.get("bad"),
+    )
+
+
+def _run_all(
+    one: Callable[[Any], BranchResult],
+    items: Sequence[Any],
+    concurrency: int,
+    progress: Progress | None,
+) -> list[BranchResult]:
+    from engine.workers import check
+
+    results: list[BranchResult | None] = [None] * len(items)
+    done = 0
+    if concurrency <= 1:
+        for i, it in enumerate(items):
+            check()  # a stop request (Ctrl-C) ends the command between branches
+            results[i] = one(it)
+            done += 1
+            if progress:
+                progress(done, len(items))
+    else:
+        with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
+            futures = {pool.submit(one, it): i for i, it in enumerate(items)}
+            for fut in cf.as_completed(futures):
+                results[futures[fut]] = fut.result()
+                done += 1
+                if progress:
+                    progress(done, len(items))
+    return [r for r in results if r is not None]
+
+
+class ProgramForwardModel:
+    """Forward runs of one recorded, failed program: branch k re-draws call k live (calls
+    before it from the journal, kept calls after it from the journal too), the program's
+    outcome says whether it is bad. The estimators' protocol (engine.attribution.base)."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        run_id: str,
+        cmd: Sequence[str],
+        *,
+        upstream: str | None = None,
+        concurrency: int = 1,
+        reuse: bool = True,
+        match: MatchMode = MatchMode.EXACT,
+    ) -> None:
+        self.journal = journal
+        self.info = program_info(journal, run_id)
+        _ended(self.info)
+        if self.info.status != "completed":
+            raise InterventionError(
+                f"run {self.info.run_id!r} is {self.info.status}; attribution needs a completed run"
+            )
+        if not self.info.outcome.get("bad"):
+            raise InterventionError(
+                f"run {self.info.run_id!r} did not fail (its outcome is good); attribution "
+                "explains a bad outcome"
+            )
+        _check_live(self.info, upstream)
+        self.cmd = list(cmd)
+        self.upstream = upstream
+        self.concurrency = concurrency
+        self.match = match
+        self.created = 0
+        self.reused = 0
+        self.forward_runs = 0
+        self._existing: dict[str, str] = {}
+        if reuse:
+            for child in journal.children(self.info.run_id):
+                if "#" in child.label:
+                    self._existing.setdefault(child.label, child.run_id)
+
+    @property
+    def run_id(self) -> str:
+        return self.info.run_id
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.info.calls)
+
+    @property
+    def step_agents(self) -> Sequence[str | None]:
+        return [c.agent for c in self.info.calls]
+
+    @property
+    def step_labels(self) -> Sequence[str]:
+        return [f"{c.step}:{c.agent}" for c in self.info.calls]
+
+    def message(self, k: int) -> str:
+        c = self.info.calls[k]
+        text = c.call.response
+        if c.tools:
+            text += " " + " ".join(f"[{t.tool} {t.param}]" for t in c.tools)
+        return text.strip()
+
+    def _branch(self, req: ForwardRequest) -> bool:
+        from engine.workers import check
+
+        check()
+        free = [j for j in range(self.n_steps) if j not in req.keep]
+        if not free:
+            return bool(self.info.outcome.get("bad"))
+        k0 = free[0]
+        keep = frozenset(j for j in req.keep if j > k0)
+        iv = DoResample(k0)
+        label = branch_label(
+            iv,
+            branch_key(
+                self.info.run_id,
+                iv,
+                req.branch_seed,
+                {j: "" for j in keep} if keep else None,
+                None,
+            ),
+        )
+        found = self._existing.get(label)
+        if found is not None:
+            last = self.journal.last_event(found)
+            outcome = getattr(last.event, "outcome", None) if last else None
+            if isinstance(outcome, dict) and outcome.get("bad") is not None:
+                self.reused += 1
+                return bool(outcome["bad"])
+        run = fork_branch(
+            self.journal,
+            self.info,
+            iv,
+            req.branch_seed,
+            self.cmd,
+            upstream=self.upstream,
+            label=label,
+            keep=keep,
+            match=self.match,
+        )
+        self.created += 1
+        if run.status != "completed" or run.bad is None:
+            raise EngineError(f"a forward run failed ({run.status}): {run.error}")
+        return run.bad
+
+    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
+        self.forward_runs += len(requests)
+        if self.concurrency <= 1:
+            return [self._branch(r) for r in requests]
+        with cf.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(self._branch, requests))
+
+
+def attribute_program(
+    journal: Journal,
+    run_id: str,
+    cmd: Sequence[str],
+    *,
+    method: str = "contrastive",
+    players: str = "steps",
+    k: int | None = None,
+    budget: int = 2000,
+    seed: int = 0,
+    concurrency: int = 1,
+    half_width: float = 0.1,
+    all_steps: bool = False,
+    upstream: str | None = None,
+    reuse: bool = True,
+    progress: AttributionProgress | None = None,
+) -> dict[str, Any]:
+    """Which call (or agent) caused a recorded program's failure; plain data for the CLI, in
+    the shape of the heist's attribution (so the CLI prints both alike)."""
+    if method not in ("contrastive", "shapley"):
+        raise ConfigError(f"unknown method {method!r}; expected one of: contrastive, shapley")
+    kind = PlayersKind.parse(players)
+    model = ProgramForwardModel(
+        journal, run_id, cmd, upstream=upstream, concurrency=concurrency, reuse=reuse
+    )
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {"run_id": model.run_id, "method": method, "seed": seed}
+    if method == "contrastive":
+        res = contrastive(
+            model,
+            rng=rng,
+            mode=ContrastiveMode.FIXED if k is not None else ContrastiveMode.ADAPTIVE,
+            k=k or 100,
+            target_half_width=half_width,
+            all_steps=all_steps,
+            progress=progress,
+        )
+        data = res.to_dict()
+        rows = [
+            {
+                "step": s["step"],
+                "agent": s["agent"],
+                "message": model.message(s["step"]),
+                "effect": s["effect"],
+                "ci": s["ci"],
+                "n": s["n"],
+                "rescues": s["excludes_zero"],
+            }
+            for s in sorted(data["steps"], key=lambda s: (s["effect"], s["step"]))
+        ]
+        locus = data["locus"]
+        out.update(
+            {
+                "mode": data["mode"],
+                "locus": locus,
+                "locus_agent": None if locus is None else model.step_agents[locus],
+                "locus_message": None if locus is None else model.message(locus),
+                "ranked": rows,
+                "forward_runs": data["forward_runs"],
+                "all_steps": data["all_steps"],
+                "first_estimated": min((s["step"] for s in data["steps"]), default=None),
+                "detail": data,
+            }
+        )
+    else:
+        res_s = shapley(model, rng=rng, players=kind, budget=budget, progress=progress)
+        data = res_s.to_dict()
+        ranked = []
+        for v in sorted(data["values"], key=lambda v: -v["phi"]):
+            first = v["steps"][0]
+            ranked.append(
+                {
+                    "player": v["player"],
+                    "steps": v["steps"],
+                    "agent": model.step_agents[first],
+                    "message": model.message(first) if kind is PlayersKind.STEPS else None,
+                    "phi": v["phi"],
+                    "ci": v["ci"],
+                }
+            )
+        out.update(
+            {
+                "players": kind.value,
+                "ranked": ranked,
+                "efficiency": data["efficiency"],
+                "permutations": data["permutations"],
+                "partial": data["partial"],
+                "forward_runs": data["forward_runs"],
+                "budget": budget,
+                "detail": data,
+            }
+        )
+    out["branches_added"] = model.created
+    out["branches_reused"] = model.reused
+    return out
