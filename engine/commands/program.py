@@ -228,6 +228,16 @@ def _verdict(o: dict[str, Any]) -> str:
 # ------------------------------------------------------------- fork / attribute (-- CMD)
 
 
+def _local_only(executor: Any) -> None:
+    """A recorded program re-runs as a local subprocess of this command: no Ray executor."""
+    if executor is not None and getattr(executor, "kind", "local") != "local":
+        raise typer.BadParameter(
+            "a recorded program (-- CMD) runs its forward runs here, as local subprocesses; "
+            "--executor ray applies to heist runs",
+            param_hint="'--executor'",
+        )
+
+
 def fork_program(
     journal: Any,
     run_id: str,
@@ -240,10 +250,12 @@ def fork_program(
     concurrency: int = 1,
     progress: Any = None,
     policy_override: dict[str, Any] | None = None,
+    executor: Any = None,
 ) -> Any:
     """`car fork RUN --at K --do OP -n N -- CMD`: a ForkReport, like the heist's."""
     from engine.program.forks import fork_program as run_forks
 
+    _local_only(executor)
     if policy_override and set(policy_override) - {"base_url"}:
         raise typer.BadParameter(
             "--model/--timeout apply to a recorded program through --do policy --value "
@@ -263,11 +275,18 @@ def fork_program(
 
 
 def attribute_program(
-    journal: Any, run_id: str, *, cmd: list[str], upstream: str | None, **options: Any
+    journal: Any,
+    run_id: str,
+    *,
+    cmd: list[str],
+    upstream: str | None,
+    executor: Any = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """`car attribute RUN -- CMD`: plain data shaped like the heist's attribution."""
     from engine.program.forks import attribute_program as attribute
 
+    _local_only(executor)
     return attribute(journal, run_id, cmd, upstream=upstream, **options)
 
 
