@@ -310,7 +310,9 @@ class Journal:
             raise JournalError(f"cannot use journal URL {_redact(self.url)!r}: {e}") from e
         try:
             raw = self._engine.raw_connection()
-        except SADatabaseError as e:
+        except (SADatabaseError, OSError, self._driver_errors()) as e:
+            # the driver's own connection errors reach here unwrapped (psycopg.OperationalError
+            # for a refused connection), SQLAlchemy's wrapped ones as DatabaseError
             self._engine.dispose()
             raise JournalError(f"cannot open journal {self._where()}: {_first_line(e)}") from e
         try:
@@ -331,6 +333,12 @@ class Journal:
             self._engine.dispose()
             raise
         return raw
+
+    def _driver_errors(self) -> type[BaseException] | tuple[type[BaseException], ...]:
+        """The DB-API error base class of the engine's driver (psycopg's for PostgreSQL)."""
+        dbapi = getattr(self._engine.dialect, "dbapi", None)
+        error = getattr(dbapi, "Error", None)
+        return error if isinstance(error, type) and issubclass(error, BaseException) else ()
 
     def _server_revision(self, raw: Any) -> str | None:
         cur = raw.cursor()

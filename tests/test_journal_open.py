@@ -221,3 +221,19 @@ def test_v2_journal_cli_state(v2: Path) -> None:
         want["acting_agent"],
         want["transcript"],
     )
+
+
+def test_a_postgresql_server_that_refuses_the_connection_is_one_line(tmp_path: Path) -> None:
+    """A PostgreSQL journal URL where nothing listens: `car runs` exits 1 with one `error:`
+    line naming the journal (password hidden), never the driver's traceback."""
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://car:hunter2@127.0.0.1:{port}/car"
+    res = _car("--journal", url, "runs")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot open journal"), res.stderr
+    assert "hunter2" not in res.stderr and "Traceback" not in res.stderr
