@@ -26,8 +26,8 @@ from typing import Any, Union, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 3
-# from this version on the event shapes are those of today's Structs (3 only changed storage)
+SCHEMA_VERSION = 4
+# from this version on the event shapes are those of today's Structs (3 and 4 changed storage)
 SAME_SHAPE_SINCE = 2
 TEXT_EXT = 1
 MIN_TEXT = 64
@@ -309,3 +309,328 @@ def resolve(stored: bytes, text: Callable[[bytes], bytes]) -> bytes:
         return text(bytes(data)).decode()
 
     return _encoder.encode(msgspec.msgpack.Decoder(ext_hook=hook).decode(stored))
+
+
+# ------------------------------------------------------------------ schema v4: back-references
+
+# A string of at least MIN_REF characters is addressable: left inline the first time it occurs
+# in a run's history, and every later occurrence refers back to it. Shorter ones stay inline.
+MIN_REF = 24
+STR_EXT = 2  # a string made of parts: literals, back-references, slices of the base request
+REQ_EXT = 3  # first item of a request stored as a delta: the seq of its base request
+# a request delta chains on its base; every KEYFRAME_DEPTH-th link is stored whole, so that
+# reading one call alone resolves at most that many earlier requests
+KEYFRAME_DEPTH = 8
+RECENT = 64  # the latest inline strings searched for containment (a message quoting a text)
+
+
+class _Ref:
+    """A msgpack extension seen while decoding a stored v4 payload, not yet resolved."""
+
+    __slots__ = ("code", "data")
+
+    def __init__(self, code: int, data: bytes) -> None:
+        self.code = code
+        self.data = data
+
+
+def _mark(code: int, data: memoryview) -> Any:
+    return _Ref(code, bytes(data))
+
+
+_marked_decoder = msgspec.msgpack.Decoder(ext_hook=_mark)
+
+
+def _inline_strings(tree: Any, out: list[str]) -> None:
+    """The addressable strings left inline in a decoded stored payload, in encoding order (dict
+    keys and the event's kind excluded). Back-references `[seq, i]` index this list."""
+    t = type(tree)
+    if t is str:
+        if len(tree) >= MIN_REF:
+            out.append(tree)
+    elif t is list:
+        for x in tree:
+            _inline_strings(x, out)
+    elif t is dict:
+        for x in tree.values():
+            _inline_strings(x, out)
+
+
+class Compactor:
+    """The writer's memory of one run's history, which makes its v4 payloads small: where each
+    addressable string is inline (seq, index), the latest inline strings, and each agent's latest
+    LLM request (what the next request is a delta of).
+
+    Memory is only what this writer put down or loaded; whatever it does not know is written
+    inline, so a cold compactor costs bytes, never correctness."""
+
+    def __init__(self) -> None:
+        self.strings: dict[str, tuple[int, int]] = {}
+        self.recent: list[str] = []
+        # agent -> (seq, request, depth of its delta chain)
+        self.requests: dict[str, tuple[int, list[Any], int]] = {}
+        self.last_request: tuple[int, list[Any], int] | None = None
+        self.seeded = False
+
+    def note_request(self, agent: str, seq: int, request: list[Any], depth: int) -> None:
+        self.requests[agent] = (seq, request, depth)
+        if self.last_request is None or seq > self.last_request[0]:
+            self.last_request = (seq, request, depth)
+
+    def compact(self, seq: int, payload: bytes) -> bytes:
+        """The stored v4 form of the canonical bytes of event `seq`."""
+        if len(payload) < MIN_REF:
+            return payload
+        raw = _raw_decoder.decode(payload)
+        if len(self.strings) > 200_000:
+            self.strings.clear()
+            self.recent.clear()
+        self._idx = 0
+        self._seq = seq
+        self._new: list[str] = []
+        out: dict[str, Any] = {}
+        for k, v in raw.items():
+            if k == "kind":
+                out[k] = v
+            elif k == "request" and raw.get("kind") == "llm_call" and type(v) is list:
+                out[k] = self._request(str(raw.get("agent", "")), v)
+            else:
+                out[k] = self._walk(v)
+        self.recent.extend(self._new)
+        if len(self.recent) > RECENT:
+            del self.recent[: len(self.recent) - RECENT]
+        return _encoder.encode(out)
+
+    def _walk(self, v: Any) -> Any:
+        t = type(v)
+        if t is str:
+            return self._str(v) if len(v) >= MIN_REF else v
+        if t is list:
+            return [self._walk(x) for x in v]
+        if t is dict:
+            return {k: self._walk(x) for k, x in v.items()}
+        return v
+
+    def _inline(self, s: str) -> str:
+        if s not in self.strings:
+            self.strings[s] = (self._seq, self._idx)
+            self._new.append(s)
+        self._idx += 1
+        return s
+
+    def _str(self, s: str, base: list[Any] | None = None, at: int = -1) -> Any:
+        """A string in its stored form: a back-reference, a splice of a known text into
+        literals, a slice of the base request's message `at`, or inline."""
+        loc = self.strings.get(s)
+        if loc is not None:
+            return msgspec.msgpack.Ext(STR_EXT, _encoder.encode([list(loc)]))
+        best = None
+        for t in self.recent:
+            if len(t) < len(s) and (best is None or len(t) > len(best)) and t in s:
+                best = t
+        if best is not None:
+            i = s.index(best)
+            parts: list[Any] = []
+            if i:
+                parts.append(s[:i])
+            parts.append(list(self.strings[best]))
+            if i + len(best) < len(s):
+                parts.append(s[i + len(best) :])
+            return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(parts))
+        if base is not None and 0 <= at < len(base):
+            old = base[at].get("content") if type(base[at]) is dict else None
+            if type(old) is str:
+                p = _common_prefix(old, s)
+                q = _common_prefix(old[p:][::-1], s[p:][::-1])
+                if p + q >= MIN_REF:
+                    mid = s[p : len(s) - q]
+                    parts = [[at, 0, p]] if p else []
+                    if mid:
+                        parts.append(mid)
+                    if q:
+                        parts.append([at, len(old) - q, len(old)])
+                    return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(parts))
+        return self._inline(s)
+
+    def _message(self, m: Any, base: list[Any] | None, at: int) -> Any:
+        if type(m) is not dict:
+            return self._walk(m)
+        out = {}
+        for k, x in m.items():
+            if k == "content" and type(x) is str and len(x) >= MIN_REF:
+                out[k] = self._str(x, base, at)
+            else:
+                out[k] = self._walk(x)
+        return out
+
+    def _request(self, agent: str, req: list[Any]) -> list[Any]:
+        prior = self.requests.get(agent) or self.last_request
+        keys = [_msg_key(m) for m in req]
+        if prior is None or prior[2] + 1 >= KEYFRAME_DEPTH or None in keys:
+            self.note_request(agent, self._seq, req, 0)
+            return [self._message(m, None, -1) for m in req]
+        bseq, base, depth = prior
+        where: dict[Any, int] = {}
+        for i, m in enumerate(base):
+            where.setdefault(_msg_key(m), i)
+        ops: list[Any] = [msgspec.msgpack.Ext(REQ_EXT, _encoder.encode(bseq))]
+        run: list[int] | None = None
+        for i, (m, key) in enumerate(zip(req, keys, strict=True)):
+            if run is not None and run[1] < len(base) and _msg_key(base[run[1]]) == key:
+                run[1] += 1
+                continue
+            j = where.get(key)
+            if j is not None:
+                run = [j, j + 1]
+                ops.append(run)
+                continue
+            run = None
+            # the same position counted from the end (the closing instruction of a turn)
+            ops.append(self._message(m, base, len(base) - (len(req) - i)))
+        self.note_request(agent, self._seq, req, depth + 1)
+        return ops
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _msg_key(m: Any) -> Any:
+    if type(m) is not dict or not all(type(v) is str for v in m.values()):
+        return None
+    return tuple(m.items())
+
+
+class Resolver:
+    """Rebuilds the canonical (v2-shaped) bytes of stored v4 payloads.
+
+    `owner_of(run, seq)` names the run that holds event `seq` of run `run`'s history;
+    `load(owner, seq)` returns that row's (version, stored payload); `text(digest)` a v3 text.
+    Resolved strings and requests are cached per (owner, seq): reading a run in order resolves
+    each reference from the cache."""
+
+    def __init__(
+        self,
+        owner_of: Callable[[str, int], str],
+        load: Callable[[str, int], tuple[int, bytes]],
+        text: Callable[[bytes], bytes],
+    ) -> None:
+        self.owner_of = owner_of
+        self.load = load
+        self.text = text
+        self.inline: dict[tuple[str, int], list[str]] = {}
+        self.requests: dict[tuple[str, int], tuple[list[Any], int]] = {}
+        self._at = -1  # seq of the event being resolved: references only point back
+
+    def clear_if_large(self) -> None:
+        if len(self.inline) > 20_000:
+            self.inline.clear()
+        if len(self.requests) > 4_000:
+            self.requests.clear()
+
+    def resolve(self, owner: str, seq: int, stored: bytes) -> bytes:
+        """The full bytes of a v4 stored payload (those the hash chain covers)."""
+        tree = _marked_decoder.decode(stored)
+        if type(tree) is not dict:
+            raise ValueError("a stored event is not a map")
+        found: list[str] = []
+        _inline_strings(tree, found)
+        self.clear_if_large()
+        self.inline[(owner, seq)] = found
+        prev, self._at = self._at, seq
+        try:
+            out = {}
+            for k, v in tree.items():
+                if k == "request" and type(v) is list:
+                    req, depth = self._request(owner, v)
+                    self.requests[(owner, seq)] = (req, depth)
+                    out[k] = req
+                else:
+                    out[k] = self._value(owner, v, None)
+        finally:
+            self._at = prev
+        return _encoder.encode(out)
+
+    def _value(self, owner: str, v: Any, base: list[Any] | None) -> Any:
+        t = type(v)
+        if t is _Ref:
+            return self._ref(owner, v, base)
+        if t is list:
+            return [self._value(owner, x, base) for x in v]
+        if t is dict:
+            return {k: self._value(owner, x, base) for k, x in v.items()}
+        return v
+
+    def _ref(self, owner: str, r: _Ref, base: list[Any] | None) -> str:
+        if r.code == TEXT_EXT:
+            return self.text(r.data).decode()
+        if r.code != STR_EXT:
+            raise ValueError(f"unknown msgpack extension {r.code}")
+        out = []
+        for part in _raw_decoder.decode(r.data):
+            if type(part) is str:
+                out.append(part)
+            elif type(part) is list and len(part) == 2:
+                if not 0 <= int(part[0]) <= self._at:
+                    raise ValueError(f"reference to seq {part[0]} from seq {self._at}")
+                out.append(self._inline_of(owner, int(part[0]))[int(part[1])])
+            elif type(part) is list and len(part) == 3 and base is not None:
+                content = base[int(part[0])]["content"]
+                out.append(content[int(part[1]) : int(part[2])])
+            else:
+                raise ValueError(f"malformed string part {part!r}")
+        return "".join(out)
+
+    def _inline_of(self, owner: str, seq: int) -> list[str]:
+        src = self.owner_of(owner, seq)
+        got = self.inline.get((src, seq))
+        if got is None:
+            version, stored = self.load(src, seq)
+            got = []
+            if version >= 4:
+                _inline_strings(_marked_decoder.decode(stored), got)
+            self.inline[(src, seq)] = got
+        return got
+
+    def _base_request(self, owner: str, seq: int) -> tuple[list[Any], int]:
+        src = self.owner_of(owner, seq)
+        got = self.requests.get((src, seq))
+        if got is not None:
+            return got
+        version, stored = self.load(src, seq)
+        if version >= 4:
+            full = self.resolve(src, seq, stored)
+            got = self.requests.get((src, seq))
+        else:
+            if version >= 3:
+                stored = _resolve_v3(stored, self.text)
+            full = stored
+            got = None
+        if got is None:
+            raw = _raw_decoder.decode(full)
+            got = (list(raw.get("request") or []), 0)
+            self.requests[(src, seq)] = got
+        return got
+
+    def _request(self, owner: str, ops: list[Any]) -> tuple[list[Any], int]:
+        if not ops or type(ops[0]) is not _Ref or ops[0].code != REQ_EXT:
+            return [self._value(owner, m, None) for m in ops], 0
+        bseq = int(_raw_decoder.decode(ops[0].data))
+        if not 0 <= bseq < self._at:
+            raise ValueError(f"request of seq {self._at} based on seq {bseq}")
+        base, depth = self._base_request(owner, bseq)
+        out: list[Any] = []
+        for op in ops[1:]:
+            if type(op) is list:
+                out.extend(base[int(op[0]) : int(op[1])])
+            else:
+                out.append(self._value(owner, op, base))
+        return out, depth + 1
+
+
+def _resolve_v3(stored: bytes, text: Callable[[bytes], bytes]) -> bytes:
+    return resolve(stored, text)
