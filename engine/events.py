@@ -320,7 +320,7 @@ STR_EXT = 2  # a string made of parts: literals, back-references, slices of the 
 REQ_EXT = 3  # first item of a request stored as a delta: the seq of its base request
 # a request delta chains on its base; every KEYFRAME_DEPTH-th link is stored whole, so that
 # reading one call alone resolves at most that many earlier requests
-KEYFRAME_DEPTH = 8
+KEYFRAME_DEPTH = 32
 RECENT = 64  # the latest inline strings searched for containment (a message quoting a text)
 
 
@@ -418,7 +418,7 @@ class Compactor:
         self._idx += 1
         return s
 
-    def _str(self, s: str, base: list[Any] | None = None, at: int = -1) -> Any:
+    def _str(self, s: str, base: list[Any] | None = None, at: tuple[int, ...] = ()) -> Any:
         """A string in its stored form: a back-reference, a splice of a known text into
         literals, a slice of the base request's message `at`, or inline."""
         loc = self.strings.get(s)
@@ -437,24 +437,23 @@ class Compactor:
             if i + len(best) < len(s):
                 parts.append(s[i + len(best) :])
             return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(parts))
-        if base is not None and 0 <= at < len(base):
-            old = base[at].get("content") if type(base[at]) is dict else None
-            if type(old) is str:
-                p = _common_prefix(old, s)
-                q = _common_prefix(old[p:][::-1], s[p:][::-1])
-                if p + q >= MIN_REF:
-                    mid = s[p : len(s) - q]
-                    parts = [[at, 0, p]] if p else []
-                    if mid:
-                        parts.append(mid)
-                    if q:
-                        parts.append([at, len(old) - q, len(old)])
-                    return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(parts))
+        if base is not None:
+            for j in at:
+                m = base[j] if 0 <= j < len(base) else None
+                old = m.get("content") if type(m) is dict else None
+                if type(old) is str:
+                    parts = _splice(old, s, j)
+                    if parts is not None:
+                        return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(parts))
         return self._inline(s)
 
-    def _message(self, m: Any, base: list[Any] | None, at: int) -> Any:
+    def _message(self, m: Any, base: list[Any] | None, at: tuple[int, ...]) -> Any:
         if type(m) is not dict:
             return self._walk(m)
+        if base is not None and len(m) == 2 and tuple(m) == ("role", "content"):
+            # inside a delta a plain message is the pair [role, content]
+            c = m["content"]
+            return [m["role"], self._str(c, base, at) if len(c) >= MIN_REF else c]
         out = {}
         for k, x in m.items():
             if k == "content" and type(x) is str and len(x) >= MIN_REF:
@@ -468,7 +467,7 @@ class Compactor:
         keys = [_msg_key(m) for m in req]
         if prior is None or prior[2] + 1 >= KEYFRAME_DEPTH or None in keys:
             self.note_request(agent, self._seq, req, 0)
-            return [self._message(m, None, -1) for m in req]
+            return [self._message(m, None, ()) for m in req]
         bseq, base, depth = prior
         where: dict[Any, int] = {}
         for i, m in enumerate(base):
@@ -485,10 +484,55 @@ class Compactor:
                 ops.append(run)
                 continue
             run = None
-            # the same position counted from the end (the closing instruction of a turn)
-            ops.append(self._message(m, base, len(base) - (len(req) - i)))
+            # what it may be an edit of: the base's message at the same position, counted from
+            # the end (the closing instruction of a turn) or from the start (a system prompt)
+            ops.append(self._message(m, base, (len(base) - (len(req) - i), i)))
         self.note_request(agent, self._seq, req, depth + 1)
         return ops
+
+
+def _splice(old: str, s: str, j: int) -> list[Any] | None:
+    """`s` as slices of `old` (message j of the base request) and literals, when at least
+    MIN_REF characters are shared: by common prefix and suffix, and for long texts by lines."""
+    p = _common_prefix(old, s)
+    q = _common_prefix(old[p:][::-1], s[p:][::-1])
+    parts: list[Any] = []
+    if len(s) >= 256 and len(s) - p - q >= 128:
+        import difflib
+
+        a = old.splitlines(keepends=True)
+        b = s.splitlines(keepends=True)
+        ao = [0]
+        for line in a:
+            ao.append(ao[-1] + len(line))
+        bo = [0]
+        for line in b:
+            bo.append(bo[-1] + len(line))
+        shared = 0
+        pos = 0
+        for blk in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
+            if blk.size == 0:
+                continue
+            if bo[blk.b] > pos:
+                parts.append(s[pos : bo[blk.b]])
+            parts.append([j, ao[blk.a], ao[blk.a + blk.size]])
+            shared += ao[blk.a + blk.size] - ao[blk.a]
+            pos = bo[blk.b + blk.size]
+        if pos < len(s):
+            parts.append(s[pos:])
+        return parts if shared >= MIN_REF and shared > p + q else _prefix_suffix(old, s, j, p, q)
+    return _prefix_suffix(old, s, j, p, q)
+
+
+def _prefix_suffix(old: str, s: str, j: int, p: int, q: int) -> list[Any] | None:
+    if p + q < MIN_REF:
+        return None
+    parts: list[Any] = [[j, 0, p]] if p else []
+    if len(s) - q > p:
+        parts.append(s[p : len(s) - q])
+    if q:
+        parts.append([j, len(old) - q, len(old)])
+    return parts
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -625,7 +669,9 @@ class Resolver:
         base, depth = self._base_request(owner, bseq)
         out: list[Any] = []
         for op in ops[1:]:
-            if type(op) is list:
+            if type(op) is list and len(op) == 2 and type(op[0]) is str:
+                out.append({"role": op[0], "content": self._value(owner, op[1], base)})
+            elif type(op) is list:
                 out.extend(base[int(op[0]) : int(op[1])])
             else:
                 out.append(self._value(owner, op, base))
