@@ -321,7 +321,6 @@ REQ_EXT = 3  # first item of a request stored as a delta: the seq of its base re
 # a request delta chains on its base; every KEYFRAME_DEPTH-th link is stored whole, so that
 # reading one call alone resolves at most that many earlier requests
 KEYFRAME_DEPTH = 32
-RECENT = 64  # the latest inline strings searched for containment (a message quoting a text)
 
 
 class _Ref:
@@ -366,14 +365,30 @@ class Compactor:
 
     def __init__(self) -> None:
         self.strings: dict[str, tuple[int, int]] = {}
-        self.recent: list[str] = []
+        # first and last MIN_REF characters of inline strings -> the longest such string: how
+        # a message that quotes a text ("agent: text", "TOOL RESULT x(p): output") is found
+        self.heads: dict[str, str] = {}
+        self.tails: dict[str, str] = {}
         # agent -> (seq, request, depth of its delta chain)
         self.requests: dict[str, tuple[int, list[Any], int]] = {}
         self.last_request: tuple[int, list[Any], int] | None = None
+        # id of a request -> its message keys and where each key first occurs
+        self._keys: dict[int, tuple[list[Any], dict[Any, int]]] = {}
         self.seeded = False
 
-    def note_request(self, agent: str, seq: int, request: list[Any], depth: int) -> None:
+    def note_request(
+        self, agent: str, seq: int, request: list[Any], depth: int, keys: list[Any] | None = None
+    ) -> None:
+        old = self.requests.get(agent)
         self.requests[agent] = (seq, request, depth)
+        if old is not None and old[1] is not request:
+            self._keys.pop(id(old[1]), None)
+        if keys is None:
+            keys = [_msg_key(m) for m in request]
+        where: dict[Any, int] = {}
+        for i, k in enumerate(keys):
+            where.setdefault(k, i)
+        self._keys[id(request)] = (keys, where)
         if self.last_request is None or seq > self.last_request[0]:
             self.last_request = (seq, request, depth)
 
@@ -384,7 +399,8 @@ class Compactor:
         raw = _raw_decoder.decode(payload)
         if len(self.strings) > 200_000:
             self.strings.clear()
-            self.recent.clear()
+            self.heads.clear()
+            self.tails.clear()
         self._idx = 0
         self._seq = seq
         self._new: list[str] = []
@@ -396,9 +412,13 @@ class Compactor:
                 out[k] = self._request(str(raw.get("agent", "")), v)
             else:
                 out[k] = self._walk(v)
-        self.recent.extend(self._new)
-        if len(self.recent) > RECENT:
-            del self.recent[: len(self.recent) - RECENT]
+        heads, tails = self.heads, self.tails
+        for t in self._new:
+            h, e = t[:MIN_REF], t[-MIN_REF:]
+            if len(heads.get(h, "")) < len(t):
+                heads[h] = t
+            if len(tails.get(e, "")) < len(t):
+                tails[e] = t
         return _encoder.encode(out)
 
     def _walk(self, v: Any) -> Any:
@@ -425,11 +445,14 @@ class Compactor:
         if loc is not None:
             return msgspec.msgpack.Ext(STR_EXT, _encoder.encode([list(loc)]))
         best = None
-        for t in self.recent:
-            if len(t) < len(s) and (best is None or len(t) > len(best)) and t in s:
-                best = t
+        t = self.tails.get(s[-MIN_REF:])
+        if t is not None and len(t) < len(s) and s.endswith(t):
+            best = t
+        t = self.heads.get(s[:MIN_REF])
+        if t is not None and len(t) < len(s) and s.startswith(t):
+            best = t if best is None or len(t) > len(best) else best
         if best is not None:
-            i = s.index(best)
+            i = 0 if s.startswith(best) else len(s) - len(best)
             parts: list[Any] = []
             if i:
                 parts.append(s[:i])
@@ -466,16 +489,21 @@ class Compactor:
         prior = self.requests.get(agent) or self.last_request
         keys = [_msg_key(m) for m in req]
         if prior is None or prior[2] + 1 >= KEYFRAME_DEPTH or None in keys:
-            self.note_request(agent, self._seq, req, 0)
+            self.note_request(agent, self._seq, req, 0, keys)
             return [self._message(m, None, ()) for m in req]
         bseq, base, depth = prior
-        where: dict[Any, int] = {}
-        for i, m in enumerate(base):
-            where.setdefault(_msg_key(m), i)
+        cached = self._keys.get(id(base))
+        if cached is None:
+            bkeys = [_msg_key(m) for m in base]
+            where: dict[Any, int] = {}
+            for i, k in enumerate(bkeys):
+                where.setdefault(k, i)
+        else:
+            bkeys, where = cached
         ops: list[Any] = [msgspec.msgpack.Ext(REQ_EXT, _encoder.encode(bseq))]
         run: list[int] | None = None
         for i, (m, key) in enumerate(zip(req, keys, strict=True)):
-            if run is not None and run[1] < len(base) and _msg_key(base[run[1]]) == key:
+            if run is not None and run[1] < len(base) and bkeys[run[1]] == key:
                 run[1] += 1
                 continue
             j = where.get(key)
@@ -487,7 +515,7 @@ class Compactor:
             # what it may be an edit of: the base's message at the same position, counted from
             # the end (the closing instruction of a turn) or from the start (a system prompt)
             ops.append(self._message(m, base, (len(base) - (len(req) - i), i)))
-        self.note_request(agent, self._seq, req, depth + 1)
+        self.note_request(agent, self._seq, req, depth + 1, keys)
         return ops
 
 
@@ -544,7 +572,14 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def _msg_key(m: Any) -> Any:
-    if type(m) is not dict or not all(type(v) is str for v in m.values()):
+    """A hashable key of a chat message (None for one that holds more than strings)."""
+    if type(m) is not dict:
+        return None
+    if len(m) == 2:
+        r, c = m.get("role"), m.get("content")
+        if type(r) is str and type(c) is str:
+            return (r, c) if next(iter(m)) == "role" else ("", r, c)
+    if not all(type(v) is str for v in m.values()):
         return None
     return tuple(m.items())
 
