@@ -392,6 +392,23 @@ class Compactor:
         if self.last_request is None or seq > self.last_request[0]:
             self.last_request = (seq, request, depth)
 
+    def learn(self, seq: int, stored: bytes) -> None:
+        """Remember the inline strings of an earlier v4 event of the history (as stored), so
+        that a new writer (a branch) refers to them instead of writing them again."""
+        found: list[str] = []
+        _inline_strings(_marked_decoder.decode(stored), found)
+        for i, t in enumerate(found):
+            if t not in self.strings:
+                self.strings[t] = (seq, i)
+                self._index(t)
+
+    def _index(self, t: str) -> None:
+        h, e = t[:MIN_REF], t[-MIN_REF:]
+        if len(self.heads.get(h, "")) < len(t):
+            self.heads[h] = t
+        if len(self.tails.get(e, "")) < len(t):
+            self.tails[e] = t
+
     def compact(self, seq: int, payload: bytes) -> bytes:
         """The stored v4 form of the canonical bytes of event `seq`."""
         if len(payload) < MIN_REF:
@@ -412,13 +429,8 @@ class Compactor:
                 out[k] = self._request(str(raw.get("agent", "")), v)
             else:
                 out[k] = self._walk(v)
-        heads, tails = self.heads, self.tails
         for t in self._new:
-            h, e = t[:MIN_REF], t[-MIN_REF:]
-            if len(heads.get(h, "")) < len(t):
-                heads[h] = t
-            if len(tails.get(e, "")) < len(t):
-                tails[e] = t
+            self._index(t)
         return _encoder.encode(out)
 
     def _walk(self, v: Any) -> Any:

@@ -670,11 +670,29 @@ class Journal:
             self._compactors.pop(run_id, None)
             raise
 
-    def _seed(self, comp: ev.Compactor, run_id: str, seq: int, calls: int = 16) -> None:
+    def _seed(
+        self, comp: ev.Compactor, run_id: str, seq: int, calls: int = 16, recent: int = 256
+    ) -> None:
         """Load the latest LLM requests before `seq` of the run's history (a branch's first
-        step, a resumed run): each agent's next request is a delta of its last one."""
+        step, a resumed run): each agent's next request is a delta of its last one; and the
+        strings inline in its latest `recent` events, to refer to rather than repeat."""
         found: list[tuple[str, int, int, bytes]] = []
+        learnt: list[tuple[int, bytes]] = []
         with self._read() as cur:
+            for seg in reversed(self.lineage(run_id)):
+                if seg.start >= seq and seg.start > 0:
+                    continue
+                hi = seq if seg.stop is None else min(seq, seg.stop)
+                cur.execute(
+                    self._q(
+                        "SELECT seq, payload FROM events WHERE run_id = ? AND version >= 4"
+                        " AND seq >= ? AND seq < ? ORDER BY seq DESC LIMIT ?"
+                    ),
+                    (seg.run_id, seg.start, hi, recent - len(learnt)),
+                )
+                learnt += [(int(r[0]), bytes(r[1])) for r in cur.fetchall()]
+                if len(learnt) >= recent:
+                    break
             for seg in reversed(self.lineage(run_id)):
                 if seg.start >= seq and seg.start > 0:
                     continue
@@ -690,6 +708,8 @@ class Journal:
                 found += [(seg.run_id, int(r[0]), int(r[1]), bytes(r[2])) for r in cur.fetchall()]
                 if len(found) >= calls:
                     break
+        for s, stored in reversed(learnt):
+            comp.learn(s, stored)
         for owner, s, version, stored in reversed(found):
             full = self._full(owner, s, version, stored)
             raw = msgspec.msgpack.decode(full)
