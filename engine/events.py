@@ -321,6 +321,7 @@ REQ_EXT = 3  # first item of a request stored as a delta: the seq of its base re
 # a request delta chains on its base; every KEYFRAME_DEPTH-th link is stored whole, so that
 # reading one call alone resolves at most that many earlier requests
 KEYFRAME_DEPTH = 32
+SMALL_REQUEST = 96  # encoded bytes up to which a request is never a delta
 
 
 class _Ref:
@@ -414,7 +415,7 @@ class Compactor:
         if len(payload) < MIN_REF:
             return payload
         raw = _raw_decoder.decode(payload)
-        if len(self.strings) > 200_000:
+        if len(self.strings) > 20_000:  # bounded memory; forgetting costs bytes only
             self.strings.clear()
             self.heads.clear()
             self.tails.clear()
@@ -500,7 +501,13 @@ class Compactor:
     def _request(self, agent: str, req: list[Any]) -> list[Any]:
         prior = self.requests.get(agent) or self.last_request
         keys = [_msg_key(m) for m in req]
-        if prior is None or prior[2] + 1 >= KEYFRAME_DEPTH or None in keys:
+        # a request of a few short messages is stored as it is: a delta would save nothing
+        if (
+            prior is None
+            or prior[2] + 1 >= KEYFRAME_DEPTH
+            or None in keys
+            or len(_encoder.encode(req)) <= SMALL_REQUEST
+        ):
             self.note_request(agent, self._seq, req, 0, keys)
             return [self._message(m, None, ()) for m in req]
         bseq, base, depth = prior
