@@ -205,6 +205,30 @@ _fold_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
 )
 
 
+class _HasReference(Exception):
+    pass
+
+
+def _refuse_ext(code: int, data: memoryview) -> Any:
+    raise _HasReference
+
+
+# the fold's decoder for *stored* v4 payloads: fields the fold skips (an LLM call's request
+# and response) may hold references; any other field that holds one is refused
+_fold_stored_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+    _fold_decoder.type, ext_hook=_refuse_ext
+)
+
+
+def decode_stored_for_fold(stored: bytes) -> Event | None:
+    """The fold's view of a stored v4 payload without resolving it, None when a field the fold
+    reads holds a reference (then the payload must be resolved first)."""
+    try:
+        return _fold_stored_decoder.decode(stored)  # type: ignore[no-any-return]
+    except (_HasReference, msgspec.DecodeError):
+        return None
+
+
 def decode_for_fold(payload: bytes, version: int = SCHEMA_VERSION) -> Event:
     """Decode a stored payload for the state fold (LLM calls without request and response)."""
     if SAME_SHAPE_SINCE <= version <= SCHEMA_VERSION:
@@ -478,9 +502,9 @@ class Compactor:
                 m = base[j] if 0 <= j < len(base) else None
                 old = m.get("content") if type(m) is dict else None
                 if type(old) is str:
-                    parts = _splice(old, s, j)
-                    if parts is not None:
-                        return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(parts))
+                    sliced = _splice(old, s, j)
+                    if sliced is not None:
+                        return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(sliced))
         return self._inline(s)
 
     def _message(self, m: Any, base: list[Any] | None, at: tuple[int, ...]) -> Any:

@@ -238,6 +238,7 @@ class Journal:
         # the event schema this journal writes: 4, or 3 for tests of v3 journals
         self.write_version = ev.SCHEMA_VERSION
         self._compactors: dict[str, ev.Compactor] = {}
+        self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
         self._resolver = ev.Resolver(self._owner, self._load, self._text)
         self._engine: Any = None
         self.revision: str | None = None
@@ -737,6 +738,9 @@ class Journal:
 
     def _load(self, owner: str, seq: int) -> tuple[int, bytes]:
         """(version, stored payload) of one row, for resolving references to it."""
+        got = self._recent_rows.get((owner, seq))
+        if got is not None:
+            return got
         with self._read() as cur:
             cur.execute(
                 self._q("SELECT version, payload FROM events WHERE run_id = ? AND seq = ?"),
@@ -906,6 +910,37 @@ class Journal:
             # v3 and v4 store references (to texts, to earlier events): resolve them
             payload = self._full(r[0], r[1], r[4], bytes(r[5]))
             yield StoredEvent(r[0], r[1], r[2], r[3], r[4], payload, r[6])
+
+    def read_for_fold(
+        self, run_id: str, start: int = 0, stop: int | None = None
+    ) -> Iterator[ev.Event]:
+        """The events of `read`, decoded as the state fold reads them (`ev.decode_for_fold`):
+        a v4 payload whose folded fields hold no reference is decoded as stored, so what the
+        fold skips (an LLM call's request and response) is never rebuilt."""
+        for seg in self.lineage(run_id):
+            lo = max(start, seg.start)
+            hi = _min_opt(stop, seg.stop)
+            if hi is not None and lo >= hi:
+                continue
+            sql = "SELECT run_id, seq, version, payload FROM events WHERE run_id = ? AND seq >= ?"
+            args: list[Any] = [seg.run_id, lo]
+            if hi is not None:
+                sql += " AND seq < ?"
+                args.append(hi)
+            with self._read() as cur:
+                cur.execute(self._q(sql + " ORDER BY seq"), args)
+                rows = cur.fetchall()
+            self._recent_rows = {(r[0], int(r[1])): (int(r[2]), bytes(r[3])) for r in rows}
+            try:
+                for r in rows:
+                    owner, seq, version, stored = r[0], int(r[1]), int(r[2]), bytes(r[3])
+                    e = ev.decode_stored_for_fold(stored) if version >= 4 else None
+                    if e is None:
+                        full = self._full(owner, seq, version, stored)
+                        e = ev.decode_for_fold(full, version)
+                    yield e
+            finally:
+                self._recent_rows = {}
 
     def events(self, run_id: str, stop: int | None = None) -> list[ev.AnyEvent]:
         return [s.event for s in self.read(run_id, 0, stop)]
