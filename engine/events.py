@@ -446,6 +446,7 @@ class Compactor:
         self._idx = 0
         self._seq = seq
         self._new: list[str] = []
+        self._changed = False  # a reference written: else the stored bytes are the payload
         out: dict[str, Any] = {}
         for k, v in raw.items():
             if k == "kind":
@@ -456,7 +457,7 @@ class Compactor:
                 out[k] = self._walk(v)
         for t in self._new:
             self._index(t)
-        return _encoder.encode(out)
+        return _encoder.encode(out) if self._changed else payload
 
     def _walk(self, v: Any) -> Any:
         t = type(v)
@@ -480,6 +481,7 @@ class Compactor:
         literals, a slice of the base request's message `at`, or inline."""
         loc = self.strings.get(s)
         if loc is not None:
+            self._changed = True
             return msgspec.msgpack.Ext(STR_EXT, _encoder.encode([list(loc)]))
         best = None
         t = self.tails.get(s[-MIN_REF:])
@@ -496,6 +498,7 @@ class Compactor:
             parts.append(list(self.strings[best]))
             if i + len(best) < len(s):
                 parts.append(s[i + len(best) :])
+            self._changed = True
             return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(parts))
         if base is not None:
             for j in at:
@@ -504,6 +507,7 @@ class Compactor:
                 if type(old) is str:
                     sliced = _splice(old, s, j)
                     if sliced is not None:
+                        self._changed = True
                         return msgspec.msgpack.Ext(STR_EXT, _encoder.encode(sliced))
         return self._inline(s)
 
@@ -543,6 +547,7 @@ class Compactor:
                 where.setdefault(k, i)
         else:
             bkeys, where = cached
+        self._changed = True
         ops: list[Any] = [msgspec.msgpack.Ext(REQ_EXT, _encoder.encode(bseq))]
         run: list[int] | None = None
         for i, (m, key) in enumerate(zip(req, keys, strict=True)):
