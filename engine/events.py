@@ -346,6 +346,9 @@ REQ_EXT = 3  # first item of a request stored as a delta: the seq of its base re
 # reading one call alone resolves at most that many earlier requests
 KEYFRAME_DEPTH = 32
 SMALL_REQUEST = 96  # encoded bytes up to which a request is never a delta
+# a system prompt this long goes to `texts`, once per journal rather than once per run tree:
+# every run of the same crew, and every branch forked before an agent's first call, shares it
+SHARED_TEXT = 256
 
 
 class _Ref:
@@ -397,6 +400,10 @@ class Compactor:
         # agent -> (seq, request, depth of its delta chain)
         self.requests: dict[str, tuple[int, list[Any], int]] = {}
         self.last_request: tuple[int, list[Any], int] | None = None
+        # texts of LONG_TEXT characters or more: digest -> UTF-8 bytes, to be stored in `texts`
+        # by this append (shared by every run of the journal, like a system prompt)
+        self.texts: dict[bytes, bytes] = {}
+        self._digests: dict[str, bytes] = {}
         # id of a request -> its message keys and where each key first occurs
         self._keys: dict[int, tuple[list[Any], dict[Any, int]]] = {}
         self.seeded = False
@@ -476,9 +483,23 @@ class Compactor:
         self._idx += 1
         return s
 
-    def _str(self, s: str, base: list[Any] | None = None, at: tuple[int, ...] = ()) -> Any:
+    def _str(
+        self, s: str, base: list[Any] | None = None, at: tuple[int, ...] = (), shared: bool = False
+    ) -> Any:
         """A string in its stored form: a back-reference, a splice of a known text into
-        literals, a slice of the base request's message `at`, or inline."""
+        literals, a slice of the base request's message `at`, a `texts` reference (a system
+        prompt: `shared`), or inline."""
+        if shared and len(s) >= SHARED_TEXT:
+            d = self._digests.get(s)
+            if d is None:
+                body = s.encode()
+                d = text_digest(body)
+                if len(self._digests) > 2_000:
+                    self._digests.clear()
+                self._digests[s] = d
+                self.texts[d] = body
+            self._changed = True
+            return msgspec.msgpack.Ext(TEXT_EXT, d)
         loc = self.strings.get(s)
         if loc is not None:
             self._changed = True
@@ -514,14 +535,15 @@ class Compactor:
     def _message(self, m: Any, base: list[Any] | None, at: tuple[int, ...]) -> Any:
         if type(m) is not dict:
             return self._walk(m)
+        shared = m.get("role") == "system"
         if base is not None and len(m) == 2 and tuple(m) == ("role", "content"):
             # inside a delta a plain message is the pair [role, content]
             c = m["content"]
-            return [m["role"], self._str(c, base, at) if len(c) >= MIN_REF else c]
+            return [m["role"], self._str(c, base, at, shared) if len(c) >= MIN_REF else c]
         out = {}
         for k, x in m.items():
             if k == "content" and type(x) is str and len(x) >= MIN_REF:
-                out[k] = self._str(x, base, at)
+                out[k] = self._str(x, base, at, shared)
             else:
                 out[k] = self._walk(x)
         return out

@@ -666,10 +666,15 @@ class Journal:
             if rows[0][1] > 0:
                 self._seed(comp, run_id, rows[0][1])
         try:
-            return [(r[0], r[1], r[2], r[3], r[4], comp.compact(r[1], r[5]), r[6]) for r in rows]
+            out = [(r[0], r[1], r[2], r[3], r[4], comp.compact(r[1], r[5]), r[6]) for r in rows]
+            if comp.texts:
+                known = self._known_texts
+                self._insert_texts(cur, {d: b for d, b in comp.texts.items() if d not in known})
+                comp.texts = {}
         except BaseException:
             self._compactors.pop(run_id, None)
             raise
+        return out
 
     def _seed(
         self, comp: ev.Compactor, run_id: str, seq: int, calls: int = 16, recent: int = 256
@@ -768,6 +773,11 @@ class Journal:
                 if d not in known and d not in new:
                     new[d] = body.encode()
             out.append((r[0], r[1], r[2], r[3], r[4], compact, r[6]))
+        self._insert_texts(cur, new)
+        return out
+
+    def _insert_texts(self, cur: Any, new: dict[bytes, bytes]) -> None:
+        """Store texts not known to be in `texts` yet (inside the append's transaction)."""
         if new:
             if self.is_sqlite:
                 # the no-rewrite trigger refuses a second insert of a key even with OR IGNORE
@@ -783,7 +793,6 @@ class Journal:
                 args = [(ev.text_key(d), b) for d, b in new.items()]
             cur.executemany(sql, args)
             self._pending_texts.update(new)
-        return out
 
     def _text(self, digest: bytes) -> bytes:
         """A stored text by digest (cached: the same texts come back in every request)."""
