@@ -239,6 +239,7 @@ class Journal:
         self.write_version = ev.SCHEMA_VERSION
         self._compactors: dict[str, ev.Compactor] = {}
         self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
+        self._recent_src: list[Any] | None = None
         self._resolver = ev.Resolver(self._owner, self._load, self._text)
         self._engine: Any = None
         self.revision: str | None = None
@@ -743,6 +744,10 @@ class Journal:
 
     def _load(self, owner: str, seq: int) -> tuple[int, bytes]:
         """(version, stored payload) of one row, for resolving references to it."""
+        if self._recent_src is not None and not self._recent_rows:
+            self._recent_rows = {
+                (r[0], int(r[1])): (int(r[2]), bytes(r[3])) for r in self._recent_src
+            }
         got = self._recent_rows.get((owner, seq))
         if got is not None:
             return got
@@ -939,7 +944,7 @@ class Journal:
             with self._read() as cur:
                 cur.execute(self._q(sql + " ORDER BY seq"), args)
                 rows = cur.fetchall()
-            self._recent_rows = {(r[0], int(r[1])): (int(r[2]), bytes(r[3])) for r in rows}
+            self._recent_src = rows  # what _load looks in first (built on its first use)
             try:
                 for r in rows:
                     owner, seq, version, stored = r[0], int(r[1]), int(r[2]), bytes(r[3])
@@ -949,6 +954,7 @@ class Journal:
                         e = ev.decode_for_fold(full, version)
                     yield e
             finally:
+                self._recent_src = None
                 self._recent_rows = {}
 
     def events(self, run_id: str, stop: int | None = None) -> list[ev.AnyEvent]:
