@@ -220,3 +220,39 @@ def test_v4_fixture_reads_as_recorded(tmp_path: Path) -> None:
         assert verify_journal(j).ok
     with Journal(path) as j:
         assert _summary(j) == expected
+
+
+def test_system_prompts_stored_once_and_tamper_named(heist: tuple[Path, str]) -> None:
+    """The crew's system prompts are the `texts` rows of a v4 heist (one per agent, shared by
+    its branches); one byte of one changed: verify reports the text, and a hash mismatch at
+    every event whose request was rebuilt from it (the first call of that agent at least)."""
+    path, run = heist
+    with Journal(path) as j:
+        run_branch(j, parent_info(j, run), DoResample(k=2), 1)
+    db = sqlite3.connect(path, isolation_level=None)
+    texts = dict(db.execute("SELECT hash, body FROM texts").fetchall())
+    with Journal(path, readonly=True) as j:
+        prompts = {m["content"] for e in j.events(run) if isinstance(e, ev.LlmCall)
+                   for m in e.request if m["role"] == "system"}  # fmt: skip
+    assert {ev.text_key(ev.text_digest(p.encode())) for p in prompts} == set(texts)
+    users: dict[str, set[int]] = {}
+    for seq, _v, p in _stored(path, run):
+
+        def hook(code: int, data: memoryview, seq: int = seq) -> Any:
+            if code == ev.TEXT_EXT:
+                users.setdefault(ev.text_key(bytes(data)), set()).add(seq)
+            return None
+
+        msgspec.msgpack.Decoder(ext_hook=hook).decode(p)
+    key, direct = max(users.items(), key=lambda kv: len(kv[1]))
+    for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        db.execute(f"DROP TRIGGER {name}")
+    body = texts[key]
+    db.execute("UPDATE texts SET body = ? WHERE hash = ?", (bytes([body[0] ^ 1]) + body[1:], key))
+    db.close()
+    with Journal(path, readonly=True) as j:
+        report = verify_journal(j)
+    named = {p.seq for p in report.problems if p.code == "hash" and p.run_id == run}
+    print(f"text {key[:12]} referred to by {sorted(direct)}; named {sorted(named)}")
+    assert direct and direct <= named
+    assert any(p.run_id is None and key in p.problem for p in report.problems)
