@@ -375,12 +375,24 @@ def _inline_strings(tree: Any, out: list[str]) -> None:
     if t is str:
         if len(tree) >= MIN_REF:
             out.append(tree)
+
     elif t is list:
         for x in tree:
             _inline_strings(x, out)
     elif t is dict:
         for x in tree.values():
             _inline_strings(x, out)
+
+
+def _event_strings(tree: Any) -> list[str]:
+    """`_inline_strings` of a decoded stored event: its own kind never counts (the writer leaves
+    it as it is)."""
+    out: list[str] = []
+    if type(tree) is dict:
+        for k, x in tree.items():
+            if k != "kind":
+                _inline_strings(x, out)
+    return out
 
 
 class Compactor:
@@ -427,8 +439,7 @@ class Compactor:
     def learn(self, seq: int, stored: bytes) -> None:
         """Remember the inline strings of an earlier v4 event of the history (as stored), so
         that a new writer (a branch) refers to them instead of writing them again."""
-        found: list[str] = []
-        _inline_strings(_marked_decoder.decode(stored), found)
+        found = _event_strings(_marked_decoder.decode(stored))
         for i, t in enumerate(found):
             if t not in self.strings:
                 self.strings[t] = (seq, i)
@@ -536,7 +547,12 @@ class Compactor:
         if type(m) is not dict:
             return self._walk(m)
         shared = m.get("role") == "system"
-        if base is not None and len(m) == 2 and tuple(m) == ("role", "content"):
+        if (
+            base is not None
+            and len(m) == 2
+            and tuple(m) == ("role", "content")
+            and len(m["role"]) < MIN_REF  # a role is never addressable, as in the dict form
+        ):
             # inside a delta a plain message is the pair [role, content]
             c = m["content"]
             return [m["role"], self._str(c, base, at, shared) if len(c) >= MIN_REF else c]
@@ -686,8 +702,7 @@ class Resolver:
         tree = _marked_decoder.decode(stored)
         if type(tree) is not dict:
             raise ValueError("a stored event is not a map")
-        found: list[str] = []
-        _inline_strings(tree, found)
+        found = _event_strings(tree)
         self.clear_if_large()
         self.inline[(owner, seq)] = found
         prev, self._at = self._at, seq
@@ -739,9 +754,7 @@ class Resolver:
         got = self.inline.get((src, seq))
         if got is None:
             version, stored = self.load(src, seq)
-            got = []
-            if version >= 4:
-                _inline_strings(_marked_decoder.decode(stored), got)
+            got = _event_strings(_marked_decoder.decode(stored)) if version >= 4 else []
             self.inline[(src, seq)] = got
         return got
 

@@ -150,8 +150,7 @@ def test_tampered_shared_string_names_every_event_built_from_it(
     stored = _stored(path, run)
     best: tuple[int, int, str, set[int]] | None = None
     for seq, _v, p in stored:
-        inline: list[str] = []
-        ev._inline_strings(ev._marked_decoder.decode(p), inline)
+        inline = ev._event_strings(ev._marked_decoder.decode(p))
         for i, s in enumerate(inline):
             users = _users(path, run, seq, i)
             if best is None or len(users) > len(best[3]):
