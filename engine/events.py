@@ -16,6 +16,11 @@ Version history:
           bytes, the text itself kept once in the journal's `texts` table. The event shapes do
           not change: the journal resolves the references back into the v2-shaped bytes before
           anything decodes them, so the upcaster from 2 is the identity.
+  3 -> 4: the stored payload refers to earlier events instead (docs/decisions.md, entry 34):
+          a string of at least `MIN_REF` characters seen before in the run's history is a
+          back-reference `STR_EXT` to the event that holds it inline, an LLM request a delta
+          (`REQ_EXT`) of an earlier request, a system prompt a `TEXT_EXT` reference as in v3.
+          Resolved, the bytes are the canonical v2-shaped ones: the upcaster is the identity.
 """
 
 from __future__ import annotations
