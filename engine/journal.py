@@ -42,7 +42,12 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # The Alembic revisions in migrations/versions, oldest first (a test checks they agree with
 # Alembic's own view). Known statically so that opening a journal at the head revision needs
 # neither Alembic nor SQLAlchemy: one SELECT of alembic_version.
-KNOWN_REVISIONS = ("0001_journal_tables", "0002_refuse_rewrites", "0003_texts")
+KNOWN_REVISIONS = (
+    "0001_journal_tables",
+    "0002_refuse_rewrites",
+    "0003_texts",
+    "0004_event_refs",
+)
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 
@@ -80,6 +85,7 @@ def chain_rows(
     seq: int,
     prev: str,
     payloads: Sequence[bytes] | None = None,
+    version: int = ev.SCHEMA_VERSION,
 ) -> list[EventRow]:
     """The rows that append writes for `events` at `seq` after hash `prev`: payload bytes and
     the hash chain, in column order (run_id, seq, step, kind, version, payload, hash).
@@ -89,8 +95,8 @@ def chain_rows(
     for i, e in enumerate(events):
         payload = payloads[i] if payloads is not None else ev.encode_checked(e)
         kind = ev.kind_of(e)
-        h = chain_hash(prev, seq, kind, ev.SCHEMA_VERSION, payload)
-        rows.append((run_id, seq, e.step, kind, ev.SCHEMA_VERSION, payload, h))
+        h = chain_hash(prev, seq, kind, version, payload)
+        rows.append((run_id, seq, e.step, kind, version, payload, h))
         prev = h
         seq += 1
     return rows
@@ -229,6 +235,12 @@ class Journal:
         self._pending_texts: dict[bytes, bytes] = {}
         self._digests: dict[str, bytes] = {}  # text -> digest, memo of externalize
         self._text_cache: dict[bytes, bytes] = {}
+        # the event schema this journal writes: 4, or 3 for tests of v3 journals
+        self.write_version = ev.SCHEMA_VERSION
+        self._compactors: dict[str, ev.Compactor] = {}
+        self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
+        self._recent_src: list[Any] | None = None
+        self._resolver = ev.Resolver(self._owner, self._load, self._text)
         self._engine: Any = None
         self.revision: str | None = None
         if self.is_sqlite:
@@ -622,10 +634,13 @@ class Journal:
             if seq > 0 and not self.lineage(run_id):
                 raise UnknownRun(f"unknown run id {run_id!r}")
             prev = self._hash_at(cur, run_id, seq - 1) if seq > 0 else ""
-        rows = chain_rows(run_id, events, seq, prev, payloads)
+        rows = chain_rows(run_id, events, seq, prev, payloads, self.write_version)
         seq += len(rows)
         prev = rows[-1][6]
-        rows = self._store_texts(cur, rows)
+        if self.write_version >= 4:
+            rows = self._compact(cur, run_id, rows)
+        else:
+            rows = self._store_texts(cur, rows)
         try:
             cur.executemany(
                 self._q(
@@ -636,6 +651,8 @@ class Journal:
             )
         except Exception as e:
             self._head_hash.pop(run_id, None)
+            # its memory may name events that were not written
+            self._compactors.pop(run_id, None)
             if _is_unique_violation(e):
                 raise ConcurrencyError(
                     f"run {run_id!r}: seq {rows[0][1]} was already written by another writer"
@@ -645,6 +662,115 @@ class Journal:
             raise JournalError(f"append to run {run_id!r} failed: {_first_line(e)}") from e
         self._head_hash[run_id] = (seq - 1, prev)
         return seq
+
+    def _compact(self, cur: Any, run_id: str, rows: list[EventRow]) -> list[EventRow]:
+        """Rows in their stored v4 form (entry 37): strings seen before in the run's history
+        as back-references, requests as deltas of the agent's previous request. The hashes
+        stay those of the full payloads."""
+        comp = self._compactors.get(run_id)
+        if comp is None:
+            if len(self._compactors) > 64:
+                self._compactors.clear()
+            comp = self._compactors[run_id] = ev.Compactor()
+            if rows[0][1] > 0:
+                self._seed(comp, run_id, rows[0][1])
+        try:
+            out = [(r[0], r[1], r[2], r[3], r[4], comp.compact(r[1], r[5]), r[6]) for r in rows]
+            if comp.texts:
+                known = self._known_texts
+                self._insert_texts(cur, {d: b for d, b in comp.texts.items() if d not in known})
+                comp.texts = {}
+        except BaseException:
+            self._compactors.pop(run_id, None)
+            raise
+        return out
+
+    def _seed(
+        self, comp: ev.Compactor, run_id: str, seq: int, calls: int = 16, recent: int = 256
+    ) -> None:
+        """Load the latest LLM requests before `seq` of the run's history (a branch's first
+        step, a resumed run): each agent's next request is a delta of its last one; and the
+        strings inline in its latest `recent` events, to refer to rather than repeat."""
+        found: list[tuple[str, int, int, bytes]] = []
+        learnt: list[tuple[int, bytes]] = []
+        with self._read() as cur:
+            for seg in reversed(self.lineage(run_id)):
+                if seg.start >= seq and seg.start > 0:
+                    continue
+                hi = seq if seg.stop is None else min(seq, seg.stop)
+                cur.execute(
+                    self._q(
+                        "SELECT seq, payload FROM events WHERE run_id = ? AND version >= 4"
+                        " AND seq >= ? AND seq < ? ORDER BY seq DESC LIMIT ?"
+                    ),
+                    (seg.run_id, seg.start, hi, recent - len(learnt)),
+                )
+                learnt += [(int(r[0]), bytes(r[1])) for r in cur.fetchall()]
+                if len(learnt) >= recent:
+                    break
+            for seg in reversed(self.lineage(run_id)):
+                if seg.start >= seq and seg.start > 0:
+                    continue
+                hi = seq if seg.stop is None else min(seq, seg.stop)
+                cur.execute(
+                    self._q(
+                        "SELECT seq, version, payload FROM events WHERE run_id = ?"
+                        " AND kind = 'llm_call' AND seq >= ? AND seq < ? ORDER BY seq DESC"
+                        " LIMIT ?"
+                    ),
+                    (seg.run_id, seg.start, hi, calls - len(found)),
+                )
+                found += [(seg.run_id, int(r[0]), int(r[1]), bytes(r[2])) for r in cur.fetchall()]
+                if len(found) >= calls:
+                    break
+        for s, stored in reversed(learnt):
+            comp.learn(s, stored)
+        for owner, s, version, stored in reversed(found):
+            full = self._full(owner, s, version, stored)
+            raw = msgspec.msgpack.decode(full)
+            request = raw.get("request")
+            if type(request) is not list:
+                continue
+            depth = self._resolver.requests.get((owner, s), (None, 0))[1]
+            comp.note_request(str(raw.get("agent", "")), s, request, depth)
+
+    def _full(self, owner: str, seq: int, version: int, stored: bytes) -> bytes:
+        """The canonical bytes of a stored payload of any schema version."""
+        if version >= 4:
+            try:
+                return self._resolver.resolve(owner, seq, stored)
+            except TamperedJournal:
+                raise
+            except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
+                raise TamperedJournal(
+                    f"event {seq} of run {owner!r} in {self._where()} does not resolve: {e}"
+                    " (see `car verify`)"
+                ) from e
+        if version >= 3:
+            return ev.resolve(stored, self._text)
+        return stored
+
+    def _load(self, owner: str, seq: int) -> tuple[int, bytes]:
+        """(version, stored payload) of one row, for resolving references to it."""
+        if self._recent_src is not None and not self._recent_rows:
+            self._recent_rows = {
+                (r[0], int(r[1])): (int(r[2]), bytes(r[3])) for r in self._recent_src
+            }
+        got = self._recent_rows.get((owner, seq))
+        if got is not None:
+            return got
+        with self._read() as cur:
+            cur.execute(
+                self._q("SELECT version, payload FROM events WHERE run_id = ? AND seq = ?"),
+                (owner, seq),
+            )
+            row = cur.fetchone()
+        if row is None:
+            raise TamperedJournal(
+                f"journal {self._where()} lacks event {seq} of run {owner!r}, which a later"
+                " event refers to (see `car verify`)"
+            )
+        return int(row[0]), bytes(row[1])
 
     def _store_texts(self, cur: Any, rows: list[EventRow]) -> list[EventRow]:
         """Rows in their stored form: long texts moved to `texts` (once per distinct text),
@@ -660,6 +786,11 @@ class Journal:
                 if d not in known and d not in new:
                     new[d] = body.encode()
             out.append((r[0], r[1], r[2], r[3], r[4], compact, r[6]))
+        self._insert_texts(cur, new)
+        return out
+
+    def _insert_texts(self, cur: Any, new: dict[bytes, bytes]) -> None:
+        """Store texts not known to be in `texts` yet (inside the append's transaction)."""
         if new:
             if self.is_sqlite:
                 # the no-rewrite trigger refuses a second insert of a key even with OR IGNORE
@@ -675,7 +806,6 @@ class Journal:
                 args = [(ev.text_key(d), b) for d, b in new.items()]
             cur.executemany(sql, args)
             self._pending_texts.update(new)
-        return out
 
     def _text(self, digest: bytes) -> bytes:
         """A stored text by digest (cached: the same texts come back in every request)."""
@@ -799,10 +929,41 @@ class Journal:
             cur.execute(self._q(sql), args)
             rows = cur.fetchall()
         for r in rows:
-            payload = bytes(r[5])
-            if r[4] >= 3:  # schema v3 stores references to texts: resolve them
-                payload = ev.resolve(payload, self._text)
+            # v3 and v4 store references (to texts, to earlier events): resolve them
+            payload = self._full(r[0], r[1], r[4], bytes(r[5]))
             yield StoredEvent(r[0], r[1], r[2], r[3], r[4], payload, r[6])
+
+    def read_for_fold(
+        self, run_id: str, start: int = 0, stop: int | None = None
+    ) -> Iterator[ev.Event]:
+        """The events of `read`, decoded as the state fold reads them (`ev.decode_for_fold`):
+        a v4 payload whose folded fields hold no reference is decoded as stored, so what the
+        fold skips (an LLM call's request and response) is never rebuilt."""
+        for seg in self.lineage(run_id):
+            lo = max(start, seg.start)
+            hi = _min_opt(stop, seg.stop)
+            if hi is not None and lo >= hi:
+                continue
+            sql = "SELECT run_id, seq, version, payload FROM events WHERE run_id = ? AND seq >= ?"
+            args: list[Any] = [seg.run_id, lo]
+            if hi is not None:
+                sql += " AND seq < ?"
+                args.append(hi)
+            with self._read() as cur:
+                cur.execute(self._q(sql + " ORDER BY seq"), args)
+                rows = cur.fetchall()
+            self._recent_src = rows  # what _load looks in first (built on its first use)
+            try:
+                for r in rows:
+                    owner, seq, version, stored = r[0], int(r[1]), int(r[2]), bytes(r[3])
+                    e = ev.decode_stored_for_fold(stored) if version >= 4 else None
+                    if e is None:
+                        full = self._full(owner, seq, version, stored)
+                        e = ev.decode_for_fold(full, version)
+                    yield e
+            finally:
+                self._recent_src = None
+                self._recent_rows = {}
 
     def events(self, run_id: str, stop: int | None = None) -> list[ev.AnyEvent]:
         return [s.event for s in self.read(run_id, 0, stop)]

@@ -219,8 +219,8 @@ def state_at_seq(journal: Journal, run_id: str, seq: int, *, snapshots: bool = T
         if snap is not None:
             base = decode_state(snap[1])
     s = base
-    for stored in journal.read(run_id, base.seq, seq):
-        s = apply(s, ev.decode_for_fold(stored.payload, stored.version))
+    for event in journal.read_for_fold(run_id, base.seq, seq):
+        s = apply(s, event)
         if snapshots and s.seq % SNAPSHOT_EVERY == 0:
             journal.put_snapshot(run_id, s.seq, FOLD_VERSION, encode_state(s))
     return s

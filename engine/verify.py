@@ -145,6 +145,9 @@ class _Checker:
         # digest -> the text as stored, and the digests whose text no longer matches its key
         self.texts: dict[bytes, bytes] = {}
         self.bad_texts: set[bytes] = set()
+        # v4 payloads refer to earlier events: resolved from the rows as stored
+        self.runs: dict[str, _RunRow] = {}
+        self.resolver = ev.Resolver(self.owner_of, self.load_row, self.stored_text)
 
     # ---------------------------------------------------------------- helpers
 
@@ -187,6 +190,7 @@ class _Checker:
             targets = self.ancestry(runs, info.run_id)
         if "texts" in tables:
             self.guarded("the texts table", self.read_texts)
+        self.runs = runs
         if {"runs", "events"} <= tables:
             for rid in self.topological(runs, targets):
                 self.guarded(f"run {rid}", self.check_run, runs, rid)
@@ -402,6 +406,41 @@ class _Checker:
             self.add(rid, seq, f"stored payload does not resolve: {e}", "undecodable")
             return None
 
+    def owner_of(self, rid: str, seq: int) -> str:
+        """The run that holds event `seq` of run `rid`'s history, by the runs rows."""
+        info = self.runs.get(rid)
+        seen = 0
+        while info is not None and info.parent_run_id is not None and seq < (info.fork_seq or 0):
+            info = self.runs.get(info.parent_run_id)
+            seen += 1
+            if seen > len(self.runs):
+                break
+        return info.run_id if info is not None else rid
+
+    def load_row(self, rid: str, seq: int) -> tuple[int, bytes]:
+        rows = self.query(
+            f"SELECT version, {self.raw('payload')} FROM events WHERE run_id = ? AND seq = ?",
+            [rid, seq],
+        )
+        if not rows:
+            raise ValueError(f"it refers to event {seq} of run {rid}, which is missing")
+        return int(rows[0][0]), bytes(rows[0][1] or b"")
+
+    def stored_text(self, digest: bytes) -> bytes:
+        if digest not in self.texts:
+            raise ValueError(f"it uses text {ev.text_key(digest)}, which is missing")
+        return self.texts[digest]
+
+    def resolved_v4(self, rid: str, seq: int, body: bytes) -> bytes | None:
+        """The full bytes of a v4 payload, rebuilt from the rows it refers to as they are
+        stored; None (after a finding) when a reference does not resolve."""
+        try:
+            return self.resolver.resolve(rid, seq, body)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            self.add(rid, seq, f"stored payload does not resolve: {first}", "undecodable")
+            return None
+
     # ---------------------------------------------------------------- events
 
     def fork_prev(self, runs: dict[str, _RunRow], info: _RunRow) -> str | None:
@@ -473,7 +512,11 @@ class _Checker:
                 self.add(rid, seq, f"version cell {version!r} is not an integer", "type")
                 version = -1
             if version >= 3:
-                full = self.resolved(rid, seq, body)
+                full = (
+                    self.resolved_v4(rid, seq, body)
+                    if version >= 4
+                    else self.resolved(rid, seq, body)
+                )
                 if full is None:
                     resync, prev, expected = True, stored_hash, seq + 1
                     continue

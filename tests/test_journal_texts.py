@@ -1,6 +1,8 @@
 """Event schema v3: each distinct long text is stored once in `texts`; events hold references;
 the hash chain covers the resolved bytes, so a changed text is found at every event that uses
-it. Old (v2) journals are covered by tests/test_journal_open.py."""
+it. Old (v2) journals are covered by tests/test_journal_open.py, schema v4 (what the engine
+writes today) by tests/test_journal_refs.py; these journals are written as v3
+(`Journal.write_version = 3`), as the engine before v4 wrote them."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from engine.verify import verify_journal
 def heist(tmp_path: Path) -> tuple[Path, str]:
     path = tmp_path / "j.db"
     with Journal(path) as j:
+        j.write_version = 3
         result = record_heist(j, make_policy({"name": "sim"}), seed=7, rounds=2)
     return path, result.run_id
 
@@ -43,7 +46,7 @@ def test_resolved_bytes_are_the_canonical_encoding(heist: tuple[Path, str]) -> N
     with Journal(path, readonly=True) as j:
         events = list(j.read(run))
         assert all(s.payload == ev.encode(s.event) for s in events)
-        assert all(s.version == ev.SCHEMA_VERSION for s in events)
+        assert all(s.version == 3 for s in events)
         assert verify_journal(j).ok
     stored = _stored(path, run)
     refs = [d for _s, _v, p in stored for d in ev.refs_of(p)]
@@ -64,6 +67,7 @@ def test_branch_stores_only_what_it_adds(heist: tuple[Path, str]) -> None:
     db = sqlite3.connect(path)
     (before,) = db.execute("SELECT count(*) FROM texts").fetchone()
     with Journal(path) as j:
+        j.write_version = 3
         branch = run_branch(j, parent_info(j, run), DoResample(k=6), 1).run_id
     (after,) = db.execute("SELECT count(*) FROM texts").fetchone()
     refs = {d for _s, _v, p in _stored(path, branch) for d in ev.refs_of(p)}

@@ -427,6 +427,7 @@ def test_postgres_tampering_and_anchor(pg_url: str) -> None:
     dsn = _plain(make_url(target))
     try:
         with Journal(target) as j:
+            j.write_version = 3  # texts in `texts`, as v3 stored them (v4: test_journal_refs)
             run = record_heist(j, make_policy({"name": "sim"}), seed=7, rounds=2).run_id
             child = j.fork(run, 20)
             j.append(child, [ev.Intervention(step=5, op="resample", at=5), *step_events(5)], 20)
