@@ -320,9 +320,14 @@ class Journal:
             self._engine = create_engine(self.url, pool_pre_ping=True)
         except Exception as e:  # bad URL or missing driver
             raise JournalError(f"cannot use journal URL {_redact(self.url)!r}: {e}") from e
+        refused: tuple[type[BaseException], ...] = (
+            SADatabaseError,
+            OSError,
+            *self._driver_errors(),
+        )
         try:
             raw = self._engine.raw_connection()
-        except (SADatabaseError, OSError, self._driver_errors()) as e:
+        except refused as e:
             # the driver's own connection errors reach here unwrapped (psycopg.OperationalError
             # for a refused connection), SQLAlchemy's wrapped ones as DatabaseError
             self._engine.dispose()
@@ -346,11 +351,11 @@ class Journal:
             raise
         return raw
 
-    def _driver_errors(self) -> type[BaseException] | tuple[type[BaseException], ...]:
+    def _driver_errors(self) -> tuple[type[Exception], ...]:
         """The DB-API error base class of the engine's driver (psycopg's for PostgreSQL)."""
         dbapi = getattr(self._engine.dialect, "dbapi", None)
         error = getattr(dbapi, "Error", None)
-        return error if isinstance(error, type) and issubclass(error, BaseException) else ()
+        return (error,) if isinstance(error, type) and issubclass(error, Exception) else ()
 
     def _server_revision(self, raw: Any) -> str | None:
         cur = raw.cursor()

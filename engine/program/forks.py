@@ -13,12 +13,9 @@ import concurrent.futures as cf
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from engine.attribution.base import ForwardRequest, PlayersKind
 from engine.attribution.base import Progress as AttributionProgress
-from engine.attribution.contrastive import ContrastiveMode, contrastive
-from engine.attribution.shapley import shapley
+from engine.attribution.report import attribution_report
 from engine.errors import ConfigError, EngineError, InterventionError
 from engine.interventions import (
     BranchResult,
@@ -271,73 +268,9 @@ def attribute_program(
     model = ProgramForwardModel(
         journal, run_id, cmd, upstream=upstream, concurrency=concurrency, reuse=reuse
     )
-    rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {"run_id": model.run_id, "method": method, "seed": seed}
-    if method == "contrastive":
-        res = contrastive(
-            model,
-            rng=rng,
-            mode=ContrastiveMode.FIXED if k is not None else ContrastiveMode.ADAPTIVE,
-            k=k or 100,
-            target_half_width=half_width,
-            all_steps=all_steps,
-            progress=progress,
-        )
-        data = res.to_dict()
-        rows = [
-            {
-                "step": s["step"],
-                "agent": s["agent"],
-                "message": model.message(s["step"]),
-                "effect": s["effect"],
-                "ci": s["ci"],
-                "n": s["n"],
-                "rescues": s["excludes_zero"],
-            }
-            for s in sorted(data["steps"], key=lambda s: (s["effect"], s["step"]))
-        ]
-        locus = data["locus"]
-        out.update(
-            {
-                "mode": data["mode"],
-                "locus": locus,
-                "locus_agent": None if locus is None else model.step_agents[locus],
-                "locus_message": None if locus is None else model.message(locus),
-                "ranked": rows,
-                "forward_runs": data["forward_runs"],
-                "all_steps": data["all_steps"],
-                "first_estimated": min((s["step"] for s in data["steps"]), default=None),
-                "detail": data,
-            }
-        )
-    else:
-        res_s = shapley(model, rng=rng, players=kind, budget=budget, progress=progress)
-        data = res_s.to_dict()
-        ranked = []
-        for v in sorted(data["values"], key=lambda v: -v["phi"]):
-            first = v["steps"][0]
-            ranked.append(
-                {
-                    "player": v["player"],
-                    "steps": v["steps"],
-                    "agent": model.step_agents[first],
-                    "message": model.message(first) if kind is PlayersKind.STEPS else None,
-                    "phi": v["phi"],
-                    "ci": v["ci"],
-                }
-            )
-        out.update(
-            {
-                "players": kind.value,
-                "ranked": ranked,
-                "efficiency": data["efficiency"],
-                "permutations": data["permutations"],
-                "partial": data["partial"],
-                "forward_runs": data["forward_runs"],
-                "budget": budget,
-                "detail": data,
-            }
-        )
+    out = attribution_report(
+        model, model.run_id, method, kind, k, budget, seed, half_width, all_steps, progress
+    )
     out["branches_added"] = model.created
     out["branches_reused"] = model.reused
     return out
