@@ -132,12 +132,81 @@ def test_v1_tool_result_upcasts(ok: bool, field: str) -> None:
     assert other == (None if ok else "")
 
 
+@pytest.mark.parametrize("ok,field", [(True, "output"), (False, "error")])
+def test_v1_tool_result_without_text_upcasts_to_empty(ok: bool, field: str) -> None:
+    """A v1 tool result that carried no `text` at all reads with an empty output or error."""
+    raw = {"kind": "tool_result", "agent": "a", "tool": "t", "param": "p", "ok": ok}
+    got = ev.decode(msgspec.msgpack.encode(raw), 1)
+    assert isinstance(got, ev.ToolResult) and getattr(got, field) == ""
+
+
+def test_fold_decoder_reads_old_versions() -> None:
+    """decode_for_fold: a v2 LLM call is decoded slim like a v3 one; a v1 tool result is
+    upcast like `decode` does."""
+    slim = ev.decode_for_fold(_hex(ENCODINGS[3][1]), 2)
+    assert isinstance(slim, ev.FoldLlmCall) and (slim.agent, slim.seed) == ("a", 42)
+    raw = {"kind": "tool_result", "agent": "a", "tool": "t", "param": "p", "ok": False, "text": "x"}
+    old = ev.decode_for_fold(msgspec.msgpack.encode(raw), 1)
+    assert old == ev.ToolResult(agent="a", tool="t", param="p", ok=False, error="x")
+
+
 def test_newer_schema_is_refused() -> None:
-    """A payload written by a newer schema is refused, not guessed at."""
+    """A payload written by a newer schema is refused with both versions named, not guessed."""
     from engine.errors import SchemaTooNew
 
-    with pytest.raises(SchemaTooNew):
+    with pytest.raises(
+        SchemaTooNew, match=r"^event written by schema version 4, this engine reads up to 3$"
+    ):
         ev.decode(_hex(ENCODINGS[4][1]), ev.SCHEMA_VERSION + 1)
+
+
+@pytest.mark.parametrize(
+    "event,message",
+    [
+        (
+            ev.ToolResult(agent="a", tool="t", param="p", ok=True, step=2**70),
+            r"^refusing to journal a tool_result event: can't serialize ints",
+        ),
+        (
+            ev.RunStarted(
+                scenario="s",
+                config={1: "a"},
+                agents=[],
+                policy={},
+                root_seed=1,
+                engine_version="",
+                started_at="",
+            ),
+            r"^refusing to journal a run_started event that would not decode: Expected `str`",
+        ),
+        (
+            ev.LlmCall(
+                agent="a",
+                request=[],
+                seed=1,
+                model="m",
+                response="",
+                finish_reason="",
+                latency_ms=0,
+            ),
+            r"^refusing to journal a llm_call event that does not read back as stored$",
+        ),
+    ],
+    ids=["overflow", "undecodable", "not-read-back"],
+)
+def test_encode_checked_refusals_name_the_kind(event: ev.Event, message: str) -> None:
+    """What would not read back is refused with a message naming the event's kind and why."""
+    from engine.errors import JournalError
+
+    with pytest.raises(JournalError, match=message):
+        ev.encode_checked(event)
+
+
+def test_resolve_refuses_an_unknown_extension() -> None:
+    """A stored payload with an extension other than the text reference is refused, named."""
+    stored = msgspec.msgpack.encode({"kind": "chat_message", "text": msgspec.msgpack.Ext(2, b"x")})
+    with pytest.raises(ValueError, match=r"^unknown msgpack extension 2$"):
+        ev.resolve(stored, lambda d: b"")
 
 
 # ------------------------------------------------------------------ the chain hash
@@ -272,6 +341,26 @@ def test_text_reference_boundary(text: str, kept_inline: bool) -> None:
             assert texts == {hashlib.blake2b(text.encode(), digest_size=32).digest(): text}
             assert len(stored) < len(full)
             assert ev.resolve(stored, lambda d: text.encode()) == full
+
+
+def test_externalize_long_strings_in_a_list() -> None:
+    """A list of strings (the agents of a run) is walked too: a 16-character string of 64
+    UTF-8 bytes becomes a reference, a 16-character ASCII one stays."""
+    wide, narrow = "\U0001f600" * 16, "n" * 16
+    event = ev.RunStarted(scenario="s", config={}, agents=[wide, narrow], policy={}, root_seed=1,
+                          engine_version="", started_at="")  # fmt: skip
+    stored, texts = ev.externalize(ev.encode(event))
+    assert list(texts.values()) == [wide]
+    assert narrow.encode() in stored
+
+
+def test_externalize_trusts_the_callers_memo() -> None:
+    """A digest already in the caller's memo is used as it is (not recomputed): the memo is
+    the cache that makes appends of repeated texts cheap."""
+    text = "m" * 70
+    memo = {text: b"\x07" * 32}
+    _, texts = ev.externalize(ev.encode(ev.ChatMessage(agent="a", text=text)), memo)
+    assert texts == {b"\x07" * 32: text}
 
 
 def test_externalize_keeps_the_kind_and_uses_the_memo() -> None:

@@ -80,6 +80,10 @@ def test_wilson_hand_worked_case() -> None:
     assert wilson(3, 10) == pytest.approx((centre - half, centre + half), abs=1e-12)
     assert wilson(3, 10) == pytest.approx((0.10779126740630201, 0.6032218525388546), abs=1e-12)
     assert wilson(0, 0) == (0.0, 1.0)
+    # all of 9: the closed form's upper end rounds to 1.0000000000000002; it is clipped to 1
+    assert wilson(9, 9)[1] == 1.0 and attr_wilson(9, 9, 0.05)[1] == 1.0
+    assert newcombe(8, 10, 2, 10) == newcombe(8, 10, 2, 10, 0.95)
+    assert newcombe(8, 10, 2, 10) == pytest.approx(newcombe_by_hand(8, 10, 2, 10, 0.95), abs=1e-12)
     assert attr_wilson(0, 0, 0.05) == (0.0, 1.0)
 
 
