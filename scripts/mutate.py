@@ -57,7 +57,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_known_answers.py",
     ],
     "engine/replay.py": [
-        "tests/test_interventions.py",
+        "tests/test_replay_match.py",
     ],
     "engine/interventions.py": [
         "tests/test_interventions.py",
