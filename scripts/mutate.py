@@ -50,6 +50,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_contract.py",
         "tests/test_journal_texts.py",
         "tests/test_journal_rewrites.py",
+        "tests/test_journal_mutants.py",
     ],
     "engine/state.py": [
         "tests/test_state.py",
@@ -113,6 +114,16 @@ MODULES: dict[str, list[str]] = {
     "engine/detect/evaluate.py": [
         "tests/test_pinned_formulas.py",
         "tests/test_detect_accuracy.py",
+    ],
+}
+
+# Slow tests of the files above, left out per module (each costs a minute or more a mutant;
+# what they check is also checked by a faster test of the same list).
+DESELECT: dict[str, list[str]] = {
+    "engine/interventions.py": [
+        "tests/test_interventions.py::test_cli_fork_and_fidelity",
+        "tests/test_interventions.py::test_do_policy_honest_mole_lowers_the_bad_rate",
+        "tests/test_interventions.py::test_fidelity_measures_known_drift",
     ],
 }
 
@@ -190,6 +201,8 @@ def prepare(module: str, tests: list[str]) -> Path:
     # tests/conftest.py starts no server unless a test asks for one; -p no:cacheprovider keeps
     # the scratch copy the only place written to
     args = ["-q", "-p", "no:cacheprovider", "-x", "-k", NO_SERVERS, "--timeout", "120"]
+    for test in DESELECT.get(module, []):
+        args += ["--deselect", test]
     pyproject += (
         "\n[tool.mutmut]\n"
         f'source_paths = ["engine"]\n'

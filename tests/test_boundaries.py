@@ -354,3 +354,23 @@ def test_symlinked_directory_in_the_folder_is_refused(tmp_path: Path, target: st
     r = tb.run("file_reader", name)
     assert not r.ok and r.output == "" and "symbolic link" in (r.error or ""), r
     assert tb.run("file_reader", real).ok  # the file itself is readable
+
+
+def test_exit_time_messages_name_the_bound() -> None:
+    """The exit reasons say the bound that was missed, as a time; a value that is no time is
+    quoted back."""
+    plan = good(exit_time=hm(141))
+    del plan["entry_time"]
+    assert reasons_for("exit_time", plan) == [
+        "exit_time stated 02:21, but the vault cannot be open before 02:22"
+    ]
+    assert reasons_for("exit_time", good(exit_time="25:99")) == [
+        "exit_time '25:99' is not a time HH:MM"
+    ]
+    assert reasons_for("exit_time", good(exit_time=hm(141))) == [
+        "exit_time stated 02:21, but the vault is not open before 02:22 (entry 01:50 + 32 min)"
+    ]
+    assert reasons_for("exit_time", good(exit_time=hm(151))) == [
+        "exit_time stated 02:31, but the safe window closes at 02:30 (a guard returns or the "
+        "camera comes back on)"
+    ]
