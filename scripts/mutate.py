@@ -127,16 +127,34 @@ DESELECT: dict[str, list[str]] = {
     ],
 }
 
-# Code that the fast tests cannot reach, left unmutated on purpose (module -> line pattern ->
-# why). A matching line's statement (a whole `def` included) is not mutated; the script
-# prints these so that the score never hides them.
+# Code that the fast tests cannot reach, left unmutated on purpose (module -> function name ->
+# why): the scratch copy fences each such function with mutmut's no-mutate pragmas. The
+# script prints them so that the score never hides them.
 NOT_MUTATED: dict[str, dict[str, str]] = {
     "engine/journal.py": {
-        r"def _open_server\b": "PostgreSQL only (the contract tests against a real server)",
-        r"def _server_revision\b": "PostgreSQL only",
-        r"def _migrate_server\b": "PostgreSQL only",
+        "_open_server": "PostgreSQL only (CI's contract tests run it against a real server)",
+        "_server_revision": "PostgreSQL only",
+        "_migrate_server": "PostgreSQL only",
     },
 }
+
+
+def fence(path: Path, functions: dict[str, str]) -> None:
+    """Mark the named functions of the scratch copy `# pragma: no mutate start` ... `end`."""
+    import ast
+
+    lines = path.read_text().splitlines(keepends=True)
+    spans = []
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in functions:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            spans.append((first, node.end_lineno or node.lineno))
+    for first, last in sorted(spans, reverse=True):
+        indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
+        lines.insert(last, f"{indent}# pragma: no mutate end\n")
+        lines.insert(first - 1, f"{indent}# pragma: no mutate start\n")
+    path.write_text("".join(lines))
+
 
 STATUS = {
     1: "killed",
@@ -163,6 +181,7 @@ class Score:
     equivalent: int
     survivors: list[tuple[str, str]]
     seconds: float
+    unchecked: int = 0  # mutants not run yet (an interrupted run): left out of the score
 
     @property
     def value(self) -> float:
@@ -180,6 +199,30 @@ def equivalents() -> dict[str, str]:
         if m:
             out[m.group(1)] = m.group(2)
     return out
+
+
+_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|WHERE|ORDER BY|VALUES|AND)\b", re.I)
+
+
+def sql_case_only(diff: str) -> bool:
+    """True when a mutant only changes the letter case of SQL text: keywords and unquoted
+    identifiers are case-insensitive in SQLite and PostgreSQL, so such a mutant is
+    equivalent by rule (docs/testing.md)."""
+    minus = [
+        line[1:]
+        for line in diff.splitlines()
+        if line.startswith("-") and not line.startswith("---")
+    ]
+    plus = [
+        line[1:]
+        for line in diff.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    ]
+    return (
+        len(minus) == len(plus) > 0
+        and all(a != b and a.lower() == b.lower() for a, b in zip(minus, plus, strict=True))
+        and all(_SQL.search(a) for a in minus)
+    )
 
 
 def slug(module: str) -> str:
@@ -210,19 +253,25 @@ def prepare(module: str, tests: list[str]) -> Path:
         'also_copy = ["cli.py", "migrations", "tests"]\n'
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
         f"pytest_add_cli_args = {json.dumps(args)}\n"
-        f"do_not_mutate_patterns = {json.dumps(list(NOT_MUTATED.get(module, {})))}\n"
         "timeout_multiplier = 5.0\n"
         "timeout_constant = 10.0\n"
     )
     (ws / "pyproject.toml").write_text(pyproject)
+    if module in NOT_MUTATED:
+        fence(ws / module, NOT_MUTATED[module])
     return ws
 
 
-def run_module(module: str, jobs: int, verbose: bool) -> Score:
+def run_module(module: str, jobs: int, verbose: bool, report_only: bool = False) -> Score:
     tests = MODULES[module]
     missing = [t for t in tests if not (ROOT / t).exists()]
     if missing or not (ROOT / module).exists():
         sys.exit(f"error: {module}: missing {', '.join(missing) or module} (edit MODULES)")
+    ws = WORK / slug(module)
+    if report_only:
+        if not (ws / "mutants" / (module + ".meta")).exists():
+            sys.exit(f"error: {module} has no results in {ws} yet; run scripts/mutate {module}")
+        return collect(module, ws, 0.0)
     ws = prepare(module, tests)
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -242,6 +291,11 @@ def run_module(module: str, jobs: int, verbose: bool) -> Score:
         sys.exit(f"error: mutmut failed on {module} (exit {proc.returncode}); log {log}:\n{tail}")
     if verbose:
         print(log.read_text()[-2000:])
+    return collect(module, ws, seconds)
+
+
+def collect(module: str, ws: Path, seconds: float) -> Score:
+    """The score from mutmut's results in the scratch copy (those checked so far)."""
     meta = ws / "mutants" / (module + ".meta")
     data = json.loads(meta.read_text())
     codes: dict[str, int | None] = data["exit_code_by_key"]
@@ -249,15 +303,18 @@ def run_module(module: str, jobs: int, verbose: bool) -> Score:
     caught = 0
     survivors: list[tuple[str, str]] = []
     equivalent = 0
+    unchecked = 0
     for name, code in sorted(codes.items()):
         status = STATUS.get(code, "suspicious") if code is not None else "not checked"
-        if status in CAUGHT:
+        if status == "not checked":
+            unchecked += 1
+        elif status in CAUGHT:
             caught += 1
-        elif name in eq:
+        elif name in eq or sql_case_only(show(module, name)):
             equivalent += 1
         else:
             survivors.append((name, status))
-    return Score(module, len(codes), caught, equivalent, survivors, seconds)
+    return Score(module, len(codes) - unchecked, caught, equivalent, survivors, seconds, unchecked)
 
 
 def show(module: str, name: str) -> str:
@@ -275,6 +332,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default 2)")
     ap.add_argument("--diff", action="store_true", help="print each survivor's diff")
     ap.add_argument("--verbose", action="store_true", help="print mutmut's own output")
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="only print the scores of the last run (also of an interrupted one)",
+    )
     opts = ap.parse_args()
     if opts.list:
         for m, tests in MODULES.items():
@@ -290,14 +352,16 @@ def main() -> None:
     for module in chosen:
         print(f"==> {module}: {' '.join(MODULES[module])}", flush=True)
         for pattern, why in NOT_MUTATED.get(module, {}).items():
-            print(f"    not mutated: /{pattern}/ ({why})")
-        s = run_module(module, opts.jobs, opts.verbose)
+            print(f"    not mutated: {pattern}() ({why})")
+        s = run_module(module, opts.jobs, opts.verbose, opts.report)
         scores.append(s)
         print(
             f"    {s.caught} of {s.total - s.equivalent} non-equivalent mutants killed "
             f"({100 * s.value:.1f}%), {s.equivalent} equivalent, {s.seconds:.0f} s",
             flush=True,
         )
+        if s.unchecked:
+            print(f"    PARTIAL: {s.unchecked} mutants not checked (the run was interrupted)")
         for name, status in s.survivors:
             print(f"    survivor {name}: {status}")
             if opts.diff:
