@@ -53,6 +53,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_mutants.py",
     ],
     "engine/state.py": [
+        "tests/test_state_mutants.py",
         "tests/test_state.py",
         "tests/test_boundaries.py",
         "tests/test_known_answers.py",
