@@ -36,7 +36,7 @@ TARGET = 0.90
 
 # Tests that need a PostgreSQL server, a model server or a browser are left out: each mutant
 # would start its own server. The journal's PostgreSQL code paths are covered by CI's suite.
-NO_SERVERS = "not Postgres and not postgres and not pg_"
+NO_SERVERS = "not TestPostgres and not test_postgres and not on_postgresql and not llama"
 
 # The one list: module path -> the fast tests that matter for it. Paths may move (the heist's
 # policy and models move into engine/heist/); edit them here and nowhere else.
@@ -202,7 +202,7 @@ def equivalents() -> dict[str, str]:
     return out
 
 
-_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|WHERE|ORDER BY|VALUES|AND)\b", re.I)
+_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|WHERE|ORDER BY|VALUES|AND|PRAGMA)\b", re.I)
 
 
 def sql_case_only(diff: str) -> bool:

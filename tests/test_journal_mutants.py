@@ -172,11 +172,13 @@ def test_proc_start_reads_field_22_of_stat() -> None:
     "url,shown",
     [
         ("postgresql+psycopg://car:s3cret@db:5432/j", "postgresql+psycopg://car:***@db:5432/j"),
+        ("postgresql://car:a:b@db/j", "postgresql://car:***@db/j"),
         ("postgresql://car@db/j", "postgresql://car:***@db/j"),
         ("postgresql://u:p@ss@db/j", "postgresql://u:***@db/j"),
         ("postgresql://db/j", "postgresql://db/j"),
         ("user@host", "user@host"),
     ],
+    ids=["password", "colon-in-password", "user-only", "at-in-password", "no-user", "no-url"],
 )
 def test_redact(url: str, shown: str) -> None:
     """A URL's password never shows; the user, host and path do; no URL, no change."""
@@ -259,3 +261,37 @@ def test_nearest_snapshot_follows_the_lineage(j: Journal) -> None:
     assert j.nearest_snapshot(grandchild, 9, 1) == (8, b"c8")
     j.put_snapshot(child, 5, 1, b"c5")  # stored under the parent: seq 5 is still shared
     assert j.nearest_snapshot(child, 5, 1) == (5, b"c5")
+
+
+def test_step_start_stays_inside_the_branch_history(j: Journal) -> None:
+    """step_start finds the first event of a step >= k in the run's own history: a branch
+    forked before step 3 does not see the parent's step 3, until it records its own."""
+    run = j.create_run("s")
+    j.append(run, [chat(k) for k in range(6)], 0)
+    assert j.step_start(run, 3) == 3
+    assert j.step_start(run, 9) is None
+    child = j.fork(run, 3)
+    assert j.step_start(child, 2) == 2
+    assert j.step_start(child, 3) is None
+    j.append(child, [chat(4, "b")], 3)
+    assert j.step_start(child, 3) == 3
+    assert j.last_stepped(child) == (4, 3)
+    one = j.create_run("s")
+    j.append(one, [chat(0)], 0)
+    assert j.last_event(one) is not None and j.last_event(one).event == chat(0)  # type: ignore[union-attr]
+
+
+def test_checkpoint_truncates_the_wal(tmp_path: Path) -> None:
+    """checkpoint() folds the write-ahead log into the file and truncates it; on a read-only
+    journal it does nothing (and does not fail)."""
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run = j.create_run("s")
+        j.append(run, [chat(k) for k in range(50)], 0)
+        wal = Path(str(path) + "-wal")
+        assert wal.stat().st_size > 0
+        with Journal(path, readonly=True) as ro:
+            ro.checkpoint()
+        assert wal.stat().st_size > 0
+        j.checkpoint()
+        assert wal.stat().st_size == 0
