@@ -235,3 +235,23 @@ def test_tail() -> None:
     assert st._tail((1, 2, 3), 2) == (2, 3)
     assert st._tail((1, 2), 2) == (1, 2)
     assert st._tail((), 2) == ()
+
+
+def test_fold_mid_step_and_odd_orders() -> None:
+    """The cursor moves with the first event of a step (its LLM call or a tool call), not
+    only with its message; an event kind the fold does not read still counts; the mole's
+    secret joins a context that already holds observations; a failure without a message is
+    an empty observation."""
+    call = ev.LlmCall(
+        step=0, agent="a", request=[], seed=1, model="m", response="", finish_reason=""
+    )
+    assert fold([START, call]).step == 1
+    assert fold([START, ev.ToolCall(step=0, agent="a", tool="t", param="p")]).step == 1
+    accused = fold([START, ev.SuspicionDeclared(suspect="a", verdict="v", mole="b", strategy="s")])
+    assert (accused.seq, accused.step) == (2, 0)
+    obs = ev.ToolResult(step=0, agent="b", tool="t", param="p", ok=False)
+    late = fold([START, obs, ev.MoleAssigned(agent="b", strategy="S", instructions="i")])
+    ctx = late.contexts["b"]
+    assert (ctx.secret, ctx.strategy, len(ctx.observations)) == ("i", "S", 1)
+    assert ctx.observations[0].output == ""
+    assert late.n_tool_failures == 1
