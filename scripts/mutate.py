@@ -52,6 +52,10 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_rewrites.py",
         "tests/test_journal_mutants.py",
     ],
+    "engine/verify.py": [
+        "tests/test_known_answers.py",
+        "tests/test_journal_verify.py",
+    ],
     "engine/state.py": [
         "tests/test_state_mutants.py",
         "tests/test_state.py",
@@ -121,6 +125,10 @@ MODULES: dict[str, list[str]] = {
 # Slow tests of the files above, left out per module (each costs a minute or more a mutant;
 # what they check is also checked by a faster test of the same list).
 DESELECT: dict[str, list[str]] = {
+    "engine/verify.py": [
+        "tests/test_journal_verify.py::test_anchor_cli_round_trip",
+        "tests/test_journal_verify.py::test_verify_and_readers_never_write",
+    ],
     "engine/interventions.py": [
         "tests/test_interventions.py::test_cli_fork_and_fidelity",
         "tests/test_interventions.py::test_do_policy_honest_mole_lowers_the_bad_rate",

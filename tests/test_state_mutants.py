@@ -255,3 +255,15 @@ def test_fold_mid_step_and_odd_orders() -> None:
     assert (ctx.secret, ctx.strategy, len(ctx.observations)) == ("i", "S", 1)
     assert ctx.observations[0].output == ""
     assert late.n_tool_failures == 1
+
+
+def test_fold_counts_every_event_and_adds_context_lines() -> None:
+    """seq counts RunEnded too; a tool result opening a step moves the cursor; a do_context
+    edit that adds a message puts it at the intervention's step."""
+    ended = fold(
+        [START, ev.ChatMessage(step=0, agent="a", text="x"), ev.RunEnded(status="completed")]
+    )
+    assert (ended.seq, ended.status) == (3, "completed")
+    assert fold([START, ev.ToolResult(step=0, agent="a", tool="t", param="p", ok=True)]).step == 1
+    added = fold([START, ev.Intervention(step=1, op="context", at=1, value={"text": "note"})])
+    assert added.transcript == (ChatLine(1, CONTEXT_AGENT, "note"),)
