@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 from servers import llama_server, postgres_server
+
+# Property tests draw their examples from a fixed seed: a failure seen once is seen on every
+# run and every machine (no unseeded randomness in the suite). Widen the search deliberately
+# with `--hypothesis-seed=N` or the `explore` profile (`--hypothesis-profile=explore`).
+settings.register_profile("car", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile("car")
 
 
 @pytest.fixture(scope="session")

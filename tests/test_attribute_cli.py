@@ -108,9 +108,9 @@ def test_attribute_contrastive_on_a_heist(tmp_path: Path) -> None:
         assert len(j.children(run)) <= data["forward_runs"]
         locus = data["locus"]
         ranked = {r["step"]: r for r in data["ranked"]}
-        if locus is not None:
-            assert ranked[locus]["ci"][1] < 0
-            assert all(not ranked[s]["rescues"] for s in ranked if s > locus)
+        assert locus is not None
+        assert ranked[locus]["ci"][1] < 0
+        assert all(not ranked[s]["rescues"] for s in ranked if s > locus)
         assert j.verify().ok
 
 

@@ -97,9 +97,7 @@ def test_do_observation_replaces_the_tool_result(recorded: tuple[Journal, str]) 
     assert result.output == "nothing found"
     agent = msg.agent
     later = state_at(j, branch.run_id, k + 1).contexts[agent].observations
-    assert later[-1 if len(later) == 1 else 0].output == "nothing found" or any(
-        o.output == "nothing found" for o in later
-    )
+    assert next(o for o in later if o.step == k).output == "nothing found"
 
 
 def test_do_context_edits_the_history(recorded: tuple[Journal, str]) -> None:
