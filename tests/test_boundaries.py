@@ -13,6 +13,7 @@ from engine import events as ev
 from engine import state as st_mod
 from engine.heist.outcome import check_plan, parse_minutes
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.heist.tools import Toolbox
 from engine.heist.world import (
     VAULT_POST,
@@ -27,7 +28,7 @@ from engine.heist.world import (
 )
 from engine.interventions import DoObservation, branch_seed_for, fork_many, parent_info, run_branch
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy, step_seed
+from engine.runtime.seeds import step_seed
 from engine.state import SNAPSHOT_EVERY, fold, state_at, state_at_seq
 
 

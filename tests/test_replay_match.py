@@ -12,8 +12,8 @@ import pytest
 from engine import events as ev
 from engine.errors import InterventionError, ReplayDivergence
 from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-from engine.policies.sim import SimPolicy
 from engine.replay import (
     StepMatch,
     _explain,
