@@ -207,6 +207,12 @@ def test_ctrl_c_of_validate_and_fidelity(long_heist: tuple[Path, str], argv: lis
     """validate and fidelity stop within 2 s of SIGINT with one line and exit 130."""
     journal, run = long_heist
     proc = start(journal, *[run if a == "RUN" else a for a in argv])
+    # the program's own start (msgspec mapped: its imports run, its SIGINT handler is set), not
+    # a fixed delay: on a loaded machine Python itself may still be starting after a second
+    deadline = time.monotonic() + 30
+    while not loaded(proc.pid, "msgspec") and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     time.sleep(1.2)
     if proc.poll() is not None:
         pytest.fail(f"finished before the signal: {proc.communicate()}")
