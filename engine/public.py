@@ -78,6 +78,23 @@ def _public_rows(
             yield stored
 
 
+def _agents(
+    started: dict[str, Any], messages: list[PublicMessage], tools: list[PublicToolUse]
+) -> list[str]:
+    """The agents as RunStarted lists them (config order); a run that learns its agents as
+    they act (a recorded program names each on its first call) lists them in the order they
+    first spoke or used a tool, which is public behaviour."""
+    listed = list(started.get("agents", []))
+    if listed:
+        return listed
+    seen: dict[str, int] = {}
+    for seq, agent in sorted(
+        [(m.seq, m.agent) for m in messages] + [(t.seq, t.agent) for t in tools]
+    ):
+        seen.setdefault(agent, seq)
+    return list(seen)
+
+
 def _started_fields(e: ev.RunStarted) -> dict[str, Any]:
     """RunStarted without seeds or config internals: what the crew and the audience know."""
     return {
@@ -140,7 +157,7 @@ def public_view(journal: Journal, run_id: str) -> PublicRun:
     return PublicRun(
         run_id=info.run_id,
         scenario=str(started.get("scenario", info.scenario)),
-        agents=list(started.get("agents", [])),
+        agents=_agents(started, messages, tools),
         status=status,
         steps=steps,
         parent_run_id=info.parent_run_id,

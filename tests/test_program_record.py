@@ -540,3 +540,14 @@ def test_concurrent_agents_replay_by_agent_and_position(
     r = car(journal, "replay", run_id, "--json", "--", sys.executable, str(prog))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["fidelity"] == 1.0
+
+
+def test_the_detector_reads_a_recorded_program(shared: Shared) -> None:
+    """`car detect` works on a recorded program: its agents, learned as they called, are the
+    public view's agents in the order they first acted, and the rules score each of them."""
+    journal, run_id, _ = shared
+    r = car(journal, "detect", run_id, "--method", "rules", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert list(data["suspicion_scores"]) == ["planner", "solver", "agent-1"]
+    assert data["suggested_mole"] in ("planner", "solver", "agent-1")
