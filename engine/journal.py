@@ -1215,12 +1215,17 @@ def _first_line(e: BaseException) -> str:
 
 
 def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
+    """The URL with its password masked. Credentials live in the authority part only (up to
+    the first "/" after "scheme://"), so a SQLite path holding "@" is left alone."""
+    if "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    slash = rest.find("/")
+    at = rest.rfind("@", 0, slash if slash >= 0 else len(rest))
+    if at < 0:
+        return url
+    user = rest[:at].split(":", 1)[0]
+    return f"{scheme}://{user}:***@{rest[at + 1 :]}"
 
 
 def _is_unique_violation(e: BaseException) -> bool:

@@ -175,10 +175,21 @@ def test_proc_start_reads_field_22_of_stat() -> None:
         ("postgresql://car:a:b@db/j", "postgresql://car:***@db/j"),
         ("postgresql://car@db/j", "postgresql://car:***@db/j"),
         ("postgresql://u:p@ss@db/j", "postgresql://u:***@db/j"),
+        ("sqlite:///tmp/a@b.db", "sqlite:///tmp/a@b.db"),
+        ("sqlite:////data/team@x/j.db", "sqlite:////data/team@x/j.db"),
         ("postgresql://db/j", "postgresql://db/j"),
         ("user@host", "user@host"),
     ],
-    ids=["password", "colon-in-password", "user-only", "at-in-password", "no-user", "no-url"],
+    ids=[
+        "password",
+        "colon-in-password",
+        "user-only",
+        "at-in-password",
+        "sqlite-path-with-at",
+        "sqlite-absolute-path-with-at",
+        "no-user",
+        "no-url",
+    ],
 )
 def test_redact(url: str, shown: str) -> None:
     """A URL's password never shows; the user, host and path do; no URL, no change."""
