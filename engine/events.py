@@ -26,6 +26,7 @@ Version history:
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable
 from typing import Any, Union, get_args
 
@@ -695,6 +696,10 @@ class Resolver:
         self.inline: dict[tuple[str, int], list[str]] = {}
         self.requests: dict[tuple[str, int], tuple[list[Any], int]] = {}
         self._at = -1  # seq of the event being resolved: references only point back
+        # one journal serves several threads (threaded executors, the server): `_at` is the
+        # state of one resolution in progress, so resolutions take turns (re-entrant: resolving
+        # a base request resolves its own base first)
+        self._lock = threading.RLock()
 
     def clear_if_large(self) -> None:
         if len(self.inline) > 20_000:
@@ -704,6 +709,10 @@ class Resolver:
 
     def resolve(self, owner: str, seq: int, stored: bytes) -> bytes:
         """The full bytes of a v4 stored payload (those the hash chain covers)."""
+        with self._lock:
+            return self._resolve(owner, seq, stored)
+
+    def _resolve(self, owner: str, seq: int, stored: bytes) -> bytes:
         tree = _marked_decoder.decode(stored)
         if type(tree) is not dict:
             raise ValueError("a stored event is not a map")

@@ -255,3 +255,34 @@ def test_system_prompts_stored_once_and_tamper_named(heist: tuple[Path, str]) ->
     print(f"text {key[:12]} referred to by {sorted(direct)}; named {sorted(named)}")
     assert direct and direct <= named
     assert any(p.run_id is None and key in p.problem for p in report.problems)
+
+
+def test_threads_sharing_one_journal_read_v4_runs_whole(tmp_path: Path) -> None:
+    """One Journal read by four threads at once (as threaded executors and the server do)
+    rebuilds every v4 payload exactly: resolutions of references do not mix their state."""
+    import threading
+
+    from engine.heist.session import record_heist
+    from engine.heist.sim import SimPolicy
+
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run_id = record_heist(j, SimPolicy(), seed=7).run_id
+    with Journal(path) as j:
+        want = [s.payload for s in j.read(run_id)]
+    errors: list[str] = []
+    with Journal(path, readonly=True) as j:
+
+        def work() -> None:
+            try:
+                for _ in range(15):
+                    assert [s.payload for s in j.read(run_id)] == want
+            except Exception as e:  # collected: an exception in a thread fails nothing alone
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert errors == []
