@@ -584,6 +584,33 @@ class ForkReport(msgspec.Struct, frozen=True):
         d["ci"] = list(self.ci) if self.ci is not None else None
         return d
 
+    @classmethod
+    def of(
+        cls,
+        parent: str,
+        iv: Intervention,
+        branches: list[BranchResult],
+        factual_bad: bool | None,
+        executor: dict[str, Any] | None = None,
+    ) -> ForkReport:
+        """The report of one intervention's branches: the bad rate over the scored ones (a
+        branch that failed has no outcome) with its Wilson 95% interval."""
+        scored = [b for b in branches if b.bad is not None]
+        bad = sum(1 for b in scored if b.bad)
+        return cls(
+            parent=parent,
+            at=iv.k,
+            op=op_name(iv),
+            value=iv_value(iv),
+            branches=branches,
+            bad=bad,
+            scored=len(scored),
+            bad_rate=bad / len(scored) if scored else None,
+            ci=wilson(bad, len(scored)) if scored else None,
+            factual_bad=factual_bad,
+            executor=executor,
+        )
+
 
 def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval, sensible at 0 and n successes."""
@@ -830,20 +857,8 @@ def fork_many(
     ) as runner:
         branches = runner.run(specs, progress)
         stats = runner.executor.stats()
-    scored = [b for b in branches if b.bad is not None]
-    bad = sum(1 for b in scored if b.bad)
-    return ForkReport(
-        parent=parent.run_id,
-        at=iv.k,
-        op=op_name(iv),
-        value=iv_value(iv),
-        branches=branches,
-        bad=bad,
-        scored=len(scored),
-        bad_rate=bad / len(scored) if scored else None,
-        ci=wilson(bad, len(scored)) if scored else None,
-        factual_bad=parent.outcome.get("bad"),
-        executor=msgspec.to_builtins(stats),
+    return ForkReport.of(
+        parent.run_id, iv, branches, parent.outcome.get("bad"), msgspec.to_builtins(stats)
     )
 
 

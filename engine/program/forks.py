@@ -25,9 +25,6 @@ from engine.interventions import (
     branch_key,
     branch_label,
     branch_seed_for,
-    iv_value,
-    op_name,
-    wilson,
 )
 from engine.journal import Journal
 from engine.program.matching import MatchMode
@@ -83,20 +80,7 @@ def fork_program(
         )
 
     branches = _run_all(one, seeds, concurrency, progress)
-    scored = [b for b in branches if b.bad is not None]
-    bad = sum(1 for b in scored if b.bad)
-    return ForkReport(
-        parent=info.run_id,
-        at=iv.k,
-        op=op_name(iv),
-        value=iv_value(iv),
-        branches=branches,
-        bad=bad,
-        scored=len(scored),
-        bad_rate=bad / len(scored) if scored else None,
-        ci=wilson(bad, len(scored)) if scored else None,
-        factual_bad=info.outcome.get("bad"),
-    )
+    return ForkReport.of(info.run_id, iv, branches, info.outcome.get("bad"))
 
 
 def _run_all(
