@@ -696,38 +696,14 @@ class Journal:
         """Load the latest LLM requests before `seq` of the run's history (a branch's first
         step, a resumed run): each agent's next request is a delta of its last one; and the
         strings inline in its latest `recent` events, to refer to rather than repeat."""
-        found: list[tuple[str, int, int, bytes]] = []
-        learnt: list[tuple[int, bytes]] = []
         with self._read() as cur:
-            for seg in reversed(self.lineage(run_id)):
-                if seg.start >= seq and seg.start > 0:
-                    continue
-                hi = seq if seg.stop is None else min(seq, seg.stop)
-                cur.execute(
-                    self._q(
-                        "SELECT seq, payload FROM events WHERE run_id = ? AND version >= 4"
-                        " AND seq >= ? AND seq < ? ORDER BY seq DESC LIMIT ?"
-                    ),
-                    (seg.run_id, seg.start, hi, recent - len(learnt)),
-                )
-                learnt += [(int(r[0]), bytes(r[1])) for r in cur.fetchall()]
-                if len(learnt) >= recent:
-                    break
-            for seg in reversed(self.lineage(run_id)):
-                if seg.start >= seq and seg.start > 0:
-                    continue
-                hi = seq if seg.stop is None else min(seq, seg.stop)
-                cur.execute(
-                    self._q(
-                        "SELECT seq, version, payload FROM events WHERE run_id = ?"
-                        " AND kind = 'llm_call' AND seq >= ? AND seq < ? ORDER BY seq DESC"
-                        " LIMIT ?"
-                    ),
-                    (seg.run_id, seg.start, hi, calls - len(found)),
-                )
-                found += [(seg.run_id, int(r[0]), int(r[1]), bytes(r[2])) for r in cur.fetchall()]
-                if len(found) >= calls:
-                    break
+            # rows are (owner, seq, *columns)
+            recent_rows = self._latest_before(cur, run_id, seq, "payload", "version >= 4", recent)
+            call_rows = self._latest_before(
+                cur, run_id, seq, "version, payload", "kind = 'llm_call'", calls
+            )
+        learnt = [(int(r[1]), bytes(r[2])) for r in recent_rows]
+        found = [(str(r[0]), int(r[1]), int(r[2]), bytes(r[3])) for r in call_rows]
         for s, stored in reversed(learnt):
             comp.learn(s, stored)
         for owner, s, version, stored in reversed(found):
@@ -738,6 +714,28 @@ class Journal:
                 continue
             depth = self._resolver.requests.get((owner, s), (None, 0))[1]
             comp.note_request(str(raw.get("agent", "")), s, request, depth)
+
+    def _latest_before(
+        self, cur: Any, run_id: str, seq: int, columns: str, where: str, limit: int
+    ) -> list[tuple[Any, ...]]:
+        """(owner run, seq, *columns) of the latest `limit` events before `seq` in the run's
+        history that match `where`, newest first, through the lineage's segments."""
+        rows: list[tuple[Any, ...]] = []
+        for seg in reversed(self.lineage(run_id)):
+            if seg.start >= seq and seg.start > 0:
+                continue
+            hi = seq if seg.stop is None else min(seq, seg.stop)
+            cur.execute(
+                self._q(
+                    f"SELECT seq, {columns} FROM events WHERE run_id = ? AND {where}"
+                    " AND seq >= ? AND seq < ? ORDER BY seq DESC LIMIT ?"
+                ),
+                (seg.run_id, seg.start, hi, limit - len(rows)),
+            )
+            rows += [(seg.run_id, *r) for r in cur.fetchall()]
+            if len(rows) >= limit:
+                break
+        return rows
 
     def _full(self, owner: str, seq: int, version: int, stored: bytes) -> bytes:
         """The canonical bytes of a stored payload of any schema version."""
