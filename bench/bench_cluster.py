@@ -43,8 +43,8 @@ from common import say as _say
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from engine.attribution.base import ForwardRequest
+from engine.branching import BranchForwardModel
 from engine.executors.base import ExecutorOptions
-from engine.heist.forward_model import HeistForwardModel
 from engine.heist.session import record_heist
 from engine.journal import Journal
 from engine.policies.registry import make_policy
@@ -75,7 +75,7 @@ def _rate(
 ) -> tuple[float, float]:
     """Best forward runs/s over reps (one model, its pool kept across reps) and its start-up s."""
     t0 = time.perf_counter()
-    with HeistForwardModel(
+    with BranchForwardModel(
         j, run, concurrency=concurrency, reuse=False, executor=executor
     ) as model:
         startup = time.perf_counter() - t0

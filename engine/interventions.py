@@ -33,7 +33,7 @@ from engine.projections import conversation
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
 from engine.runtime.recorder import Recorder
 from engine.runtime.seeds import step_seed
-from engine.scenario import scenario_factory, scenario_for
+from engine.scenario import scenario_factory, stepped_for
 from engine.state import State, apply, edit_transcript, state_at_seq, step_seq
 from engine.workers import STOP, Interrupted, StopChannel, WorkerPool, check
 
@@ -219,8 +219,14 @@ def _text(key: str) -> Callable[[str], str]:
 
 #: The options each policy takes in `--do policy --value NAME:key=value,...`, with their types.
 POLICY_OPTIONS: dict[str, dict[str, Callable[[str], Any]]] = {
-    "sim": {"drift": _finite("drift", 0.0, 1.0)},
-    "sim-honest": {"drift": _finite("drift", 0.0, 1.0)},
+    "sim": {
+        "drift": _finite("drift", 0.0, 1.0),
+        "drift_seed": _integer("drift_seed", 0, 2**63 - 1),
+    },
+    "sim-honest": {
+        "drift": _finite("drift", 0.0, 1.0),
+        "drift_seed": _integer("drift_seed", 0, 2**63 - 1),
+    },
     "openai": {
         "base_url": _text("base_url"),
         "model": _text("model"),
@@ -277,6 +283,7 @@ class ParentInfo(msgspec.Struct, frozen=True):
     actions: dict[int, str]  # recorded action text per step
     tool_steps: frozenset[int]
     outcome: dict[str, Any]
+    agents: dict[int, str] = msgspec.field(default_factory=dict)  # who acted at each step
 
 
 def parent_info(journal: Journal, run_id: str) -> ParentInfo:
@@ -285,12 +292,14 @@ def parent_info(journal: Journal, run_id: str) -> ParentInfo:
     # a scenario this process cannot rebuild fails here in one line, not once per branch
     scenario_factory(info.scenario)
     actions: dict[int, str] = {}
+    agents: dict[int, str] = {}
     tool_steps: set[int] = set()
     outcome: dict[str, Any] = {}
     for stored in journal.read(info.run_id):
         e = stored.event
         if isinstance(e, ev.ChatMessage) and e.step is not None:
             actions[e.step] = e.text
+            agents[e.step] = e.agent
         elif isinstance(e, ev.ToolCall) and e.step is not None:
             tool_steps.add(e.step)
         elif isinstance(e, ev.RunEnded):
@@ -302,6 +311,7 @@ def parent_info(journal: Journal, run_id: str) -> ParentInfo:
         actions=actions,
         tool_steps=frozenset(tool_steps),
         outcome=outcome,
+        agents=agents,
     )
 
 
@@ -480,7 +490,7 @@ def run_branch(
     k = iv.k
     base = branch_base(journal, parent, k)
     s_k = base.state
-    scenario = scenario_for(s_k)
+    scenario = stepped_for(s_k, "a branch of the core's step loop")
     spec = policy_spec_at(s_k)
     if policy_override:
         spec.update(policy_override)
@@ -701,7 +711,7 @@ class BranchRunner:
                     self._existing.setdefault(info.label, info.run_id)
         if all_bases:
             prepare_bases(journal, parent)
-        name = _policy_name(journal, parent.run_id, policy_override)
+        name = policy_name(journal, parent.run_id, policy_override)
         sim = name.startswith("sim") and not thread_policy
         # a server-backed policy always runs in threads, even one at a time: the command can
         # then stop on Ctrl-C while a call hangs, and close that branch itself
@@ -805,7 +815,8 @@ def run_branches(
         return runner.run(specs, progress)
 
 
-def _policy_name(journal: Journal, run_id: str, override: dict[str, Any] | None) -> str:
+def policy_name(journal: Journal, run_id: str, override: dict[str, Any] | None = None) -> str:
+    """The name of the policy run `run_id` recorded with (or the one `override` names)."""
     if override and "name" in override:
         return str(override["name"])
     first = next(journal.read(run_id, 0, 1), None)
@@ -842,7 +853,7 @@ def fork_many(
             policy_override = None
         thread_policy = not str(iv.policy["name"]).startswith("sim")
     elif policy_override:
-        policy_override = override_options(_policy_name(journal, run_id, None), policy_override)
+        policy_override = override_options(policy_name(journal, run_id, None), policy_override)
     validate(parent, iv)
     specs = [BranchSpec(iv, branch_seed_for(seed, i)) for i in range(n)]
     prepare_bases(journal, parent, upto=iv.k + 1)

@@ -20,7 +20,7 @@ from engine.journal import Journal
 from engine.policies.base import AgentView, Policy
 from engine.policies.registry import make_policy
 from engine.runtime.episode import FORCED_MODEL
-from engine.scenario import Scenario, scenario_for
+from engine.scenario import SteppedScenario, stepped_for
 from engine.state import State, apply
 from engine.workers import POLL, STOP, check
 
@@ -43,7 +43,7 @@ def recorded_steps(journal: Journal, run_id: str) -> Iterator[RecordedStep]:
 
 
 def _view_and_messages(
-    scenario: Scenario, step: RecordedStep, run_id: str
+    scenario: SteppedScenario, step: RecordedStep, run_id: str
 ) -> tuple[AgentView, list[dict[str, str]]]:
     view = scenario.view(step.state, run_id)
     return view, scenario.messages(view)
@@ -64,11 +64,11 @@ def check_requests(journal: Journal, run_id: str) -> RequestCheck:
 
     Reports the first step where they differ, with the first differing message."""
     info = journal.run(run_id)
-    scenario: Scenario | None = None
+    scenario: SteppedScenario | None = None
     n = 0
     for step in recorded_steps(journal, info.run_id):
         if scenario is None:
-            scenario = scenario_for(step.state)
+            scenario = stepped_for(step.state, "the request check")
         _, messages = _view_and_messages(scenario, step, info.run_id)
         n += 1
         if messages != step.call.request:
@@ -103,7 +103,7 @@ def normalise(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def _tool_calls(scenario: Scenario, text: str) -> list[tuple[str, str]]:
+def _tool_calls(scenario: SteppedScenario, text: str) -> list[tuple[str, str]]:
     return [(name, " ".join(param.split())) for name, param in scenario.tool_calls(text)]
 
 
@@ -165,7 +165,7 @@ def fidelity(
     if not steps:
         raise InterventionError(f"run {info.run_id!r} has no recorded steps to replay")
     first_state = steps[0].state
-    scenario = scenario_for(first_state)
+    scenario = stepped_for(first_state, "car fidelity")
     spec = dict(first_state.policy)
     if policy_override:
         from engine.interventions import override_options

@@ -1,18 +1,25 @@
 """The Scenario protocol: what the core needs from whatever the agents are doing, and the
 registry that finds a scenario by the name its runs record.
 
-The core (the step loop, replay, forks, attribution) knows a run only through this protocol:
+Every scenario, whoever drives its steps, says the same four things (`Scenario`):
 
-- a *step* is one turn of one agent: `view(s_k)` says who acts and what it sees, `messages`
-  renders that view as the chat request its policy is sent;
-- the action is text; `tool_calls` parses the tool calls in it, and `run_tool` executes one,
-  giving the observation that is journaled as its ToolResult;
-- a *branch* re-runs from s_k: the registry rebuilds the scenario from the folded RunStarted
-  (`State.scenario` names it, `State.config` is what `run_config` journaled), and the same loop
-  runs it forward;
-- the *outcome* is scored on the full public transcript once the last step is taken: a dict
-  journaled in RunEnded, whose `"bad"` (a bool: the run failed) is what forks and attribution
-  count.
+- what a *step* is: one turn of one agent, `total_steps` of them, by `agents`;
+- how a *branch re-runs from s_k*: `fork` makes N journaled child runs of one intervention at
+  step k, and `forward_model` gives the attribution estimators their forward runs (each a
+  journaled branch too), both run as `Rerun` says (workers, executor, a program's command);
+- how an *outcome is scored*: a dict journaled in RunEnded whose `"bad"` (a bool: the run
+  failed) is what forks and attribution count;
+- its journaled configuration (`run_config`, RunStarted.config), from which the registry
+  rebuilds it at any s_k (`ScenarioFactory.from_state`).
+
+Two kinds implement it. A *stepped* scenario (`SteppedScenario`; the heist, and any scenario
+written for the core's step loop) is driven by the core: `view(s_k)` says who acts and what it
+sees, `messages` renders the request its policy is sent, `tool_calls`/`run_tool` execute the
+action's tools, and `outcome` scores the finished transcript; replay and fidelity need these,
+and `engine.branching.SteppedForks` gives such a scenario its `fork` and `forward_model` from
+the core's loop. A *program-driven* scenario (a recorded program, engine.program) drives its
+own steps: its branches re-run the program's command against a proxy that answers from the
+journal, and its outcome is the program's own verdict; it implements only `Scenario`.
 
 A scenario implementation is registered under its name, as a lazy "module:attr" reference (the
 core never imports an implementation until a run of that scenario is opened) or as the factory
@@ -24,11 +31,77 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from engine.errors import ConfigError, UnknownScenario
 from engine.policies.base import AgentView, ChatLine
-from engine.state import State
+from engine.state import State, fold
+
+if TYPE_CHECKING:
+    from engine.attribution.base import ForwardRequest
+    from engine.executors.base import ExecutorOptions
+    from engine.interventions import ForkReport, Intervention
+    from engine.journal import Journal
+
+#: Called as branches complete: (done so far, total planned or None when adaptive).
+Progress = Callable[[int, int | None], None]
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """How the forward runs of a recorded run are executed: what `car fork` and `car attribute`
+    were told beyond the intervention itself. A scenario uses what applies to it and refuses,
+    in one line, what cannot (a heist has no command; a program runs no Ray actors)."""
+
+    concurrency: int = 1
+    #: base_url / model / timeout for the policy (a program: base_url is its upstream)
+    policy_override: dict[str, Any] | None = None
+    #: branches made before under the same deterministic key are read back, not run again
+    reuse: bool = True
+    executor: ExecutorOptions | None = None
+    #: the command that re-runs a program-driven scenario (after `--` on the CLI)
+    command: tuple[str, ...] = ()
+
+
+class ClosingForwardModel(Protocol):
+    """The attribution estimators' ForwardModel (engine.attribution.base, not imported here:
+    it loads the estimators) over a recorded run's branches: it holds workers until closed
+    and counts the branches an attribution reports."""
+
+    @property
+    def n_steps(self) -> int: ...
+
+    @property
+    def step_agents(self) -> Sequence[str | None]: ...
+
+    @property
+    def step_labels(self) -> Sequence[str]: ...
+
+    def message(self, k: int) -> str:
+        """What step k said (shown beside its effect)."""
+        ...
+
+    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]: ...
+
+    @property
+    def created(self) -> int:
+        """Branches this model added to the journal."""
+        ...
+
+    @property
+    def reused(self) -> int:
+        """Forward runs answered by a branch made earlier under the same key."""
+        ...
+
+    def executor_stats(self) -> dict[str, Any] | None:
+        """What the executor did (engine.executors.base.ExecutorStats), or None without one."""
+        ...
+
+    def __enter__(self) -> ClosingForwardModel: ...
+
+    def __exit__(self, exc_type: object, *rest: object) -> None: ...
 
 
 class ToolOutcome(Protocol):
@@ -46,7 +119,7 @@ class ToolOutcome(Protocol):
 
 
 class Scenario(Protocol):
-    """One scenario instance, bound to one run's configuration."""
+    """One scenario instance, bound to one run's configuration: what every scenario says."""
 
     # read-only members: a plain class attribute implements them
     @property
@@ -67,6 +140,34 @@ class Scenario(Protocol):
     def run_config(self) -> dict[str, Any]:
         """The journaled form of this scenario (RunStarted.config): all from_state needs."""
         ...
+
+    def fork(
+        self,
+        journal: Journal,
+        run_id: str,
+        iv: Intervention,
+        n: int,
+        *,
+        seed: int = 0,
+        rerun: Rerun = ...,
+        progress: Progress | None = None,
+    ) -> ForkReport:
+        """N journaled branches of run `run_id`, each forked at step iv.k with `iv` applied
+        and run to its end (branch i seeded by engine.interventions.branch_seed_for(seed, i));
+        their outcome distribution."""
+        ...
+
+    def forward_model(
+        self, journal: Journal, run_id: str, rerun: Rerun = ...
+    ) -> ClosingForwardModel:
+        """The estimators' ForwardModel over failed run `run_id`'s branches; used as a context
+        manager, it releases its workers on exit."""
+        ...
+
+
+class SteppedScenario(Scenario, Protocol):
+    """A scenario the core's step loop drives (engine.runtime.episode): replay, fidelity and
+    the core's branches rebuild every step from s_k through these members."""
 
     def view(self, state: State, run_id: str) -> AgentView:
         """Who acts at s_k (`state.step`) and what that agent sees of s_k."""
@@ -170,15 +271,50 @@ def scenario_for(state: State) -> Scenario:
     return scenario_factory(state.scenario).from_state(state)
 
 
+def stepped_for(state: State, what: str) -> SteppedScenario:
+    """The scenario of `state` when the core's step loop can drive it; for a program-driven
+    one, a one-line ConfigError saying that `what` needs a stepped scenario and what to use."""
+    scenario = scenario_for(state)
+    # stepped is what the loop calls; fork/forward_model are every scenario's (checked on use)
+    if not all(callable(getattr(scenario, m, None)) for m in _STEPPED_MEMBERS):
+        hint = getattr(scenario, "rerun_hint", "")
+        raise ConfigError(
+            f"{what} rebuilds each step from s_k, and a {scenario.name!r} run drives its own "
+            f"steps" + (f": {hint}" if hint else "")
+        )
+    return cast(SteppedScenario, scenario)
+
+
+_STEPPED_MEMBERS = ("view", "messages", "tool_calls", "run_tool", "outcome")
+
+
+def scenario_of_run(journal: Journal, run_id: str) -> Scenario:
+    """The scenario of recorded run `run_id` (id or unique prefix), rebuilt from its
+    RunStarted alone."""
+    from engine.errors import JournalError
+
+    info = journal.run(run_id)
+    first = next(journal.read(info.run_id, 0, 1), None)
+    if first is None:
+        raise JournalError(f"run {info.run_id!r} has no RunStarted event")
+    return scenario_for(fold([first.event]))
+
+
 __all__ = [
     "BUILTIN_SCENARIOS",
+    "ClosingForwardModel",
+    "Progress",
+    "Rerun",
     "Scenario",
     "ScenarioFactory",
+    "SteppedScenario",
     "ToolOutcome",
     "UnknownScenario",
     "register_scenario",
     "scenario_factory",
     "scenario_for",
     "scenario_names",
+    "scenario_of_run",
+    "stepped_for",
     "unregister_scenario",
 ]

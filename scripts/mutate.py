@@ -91,7 +91,7 @@ MODULES: dict[str, list[str]] = {
     "engine/attribution/validate.py": [
         "tests/test_validate_family.py",
     ],
-    "engine/heist/forward_model.py": [
+    "engine/branching.py": [
         "tests/test_attribute_reuse.py",
     ],
     "engine/heist/tools.py": [

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.branching import BranchForwardModel, attribute
 from engine.errors import InterventionError
-from engine.heist.attribution import attribute_run
-from engine.heist.forward_model import HeistForwardModel
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
@@ -103,7 +102,7 @@ def test_attribute_contrastive_on_a_heist(tmp_path: Path) -> None:
     counts its forward runs, each a journaled branch."""
     with Journal(tmp_path / "j.db") as j:
         run = failed_heist(j)
-        data = attribute_run(j, run, method="contrastive", k=24, seed=1, all_steps=True)
+        data = attribute(j, run, method="contrastive", k=24, seed=1, all_steps=True)
         assert data["forward_runs"] == 24 * 24
         assert len(j.children(run)) <= data["forward_runs"]
         locus = data["locus"]
@@ -118,7 +117,7 @@ def test_attribute_shapley_agents_budget(tmp_path: Path) -> None:
     """Shapley over agents stays within its budget and reports the efficiency check."""
     with Journal(tmp_path / "j.db") as j:
         run = failed_heist(j)
-        data = attribute_run(j, run, method="shapley", players="agents", budget=400, seed=2)
+        data = attribute(j, run, method="shapley", players="agents", budget=400, seed=2)
     assert data["forward_runs"] <= 400
     assert {r["player"] for r in data["ranked"]} == {
         "planner",
@@ -141,7 +140,7 @@ def test_attribute_needs_a_failed_run(tmp_path: Path) -> None:
         else:
             raise AssertionError("no successful heist in 100 seeds")
         with pytest.raises(InterventionError, match="did not fail"):
-            HeistForwardModel(j, r.run_id)
+            BranchForwardModel(j, r.run_id)
 
 
 def test_attribute_cli_json(tmp_path: Path) -> None:

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.attribution.base import ForwardRequest
-from engine.heist.attribution import attribute_run
-from engine.heist.forward_model import HeistForwardModel
+from engine.branching import BranchForwardModel, attribute
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.interventions import (
@@ -35,16 +34,16 @@ def test_rerun_with_the_same_seed_reuses_every_branch(journal: tuple[Journal, st
     """The same attribution with the same seed adds no branch and gives the same answer; a
     different seed adds branches of its own."""
     j, run = journal
-    first = attribute_run(j, run, method="contrastive", seed=0)
+    first = attribute(j, run, method="contrastive", seed=0)
     branches = len(j.children(run))
     assert first["branches_added"] == branches == first["forward_runs"]
     assert first["locus"] == 18  # the seed-7 heist's point of commitment, as before
-    again = attribute_run(j, run, method="contrastive", seed=0)
+    again = attribute(j, run, method="contrastive", seed=0)
     assert again["branches_added"] == 0
     assert again["branches_reused"] == first["forward_runs"]
     assert len(j.children(run)) == branches
     assert again["ranked"] == first["ranked"] and again["locus"] == first["locus"]
-    other = attribute_run(j, run, method="contrastive", seed=1)
+    other = attribute(j, run, method="contrastive", seed=1)
     assert other["branches_added"] > 0
     assert len(j.children(run)) == branches + other["branches_added"]
     assert j.verify().ok
@@ -53,9 +52,9 @@ def test_rerun_with_the_same_seed_reuses_every_branch(journal: tuple[Journal, st
 def test_shapley_rerun_reuses_its_branches(journal: tuple[Journal, str]) -> None:
     """Shapley over agents, run twice with one seed: the second adds nothing."""
     j, run = journal
-    first = attribute_run(j, run, method="shapley", players="agents", budget=300, seed=4)
+    first = attribute(j, run, method="shapley", players="agents", budget=300, seed=4)
     n = len(j.children(run))
-    again = attribute_run(j, run, method="shapley", players="agents", budget=300, seed=4)
+    again = attribute(j, run, method="shapley", players="agents", budget=300, seed=4)
     assert again["branches_added"] == 0 and len(j.children(run)) == n
     assert again["ranked"] == first["ranked"]
 
@@ -63,7 +62,7 @@ def test_shapley_rerun_reuses_its_branches(journal: tuple[Journal, str]) -> None
 def test_one_worker_pool_serves_every_batch(journal: tuple[Journal, str]) -> None:
     """With -c 2 the same two worker processes run every batch of the command."""
     j, run = journal
-    with HeistForwardModel(j, run, concurrency=2, reuse=False) as model:
+    with BranchForwardModel(j, run, concurrency=2, reuse=False) as model:
         procs = model.runner._procs
         assert procs is not None
         pids = procs.pids()

@@ -23,15 +23,16 @@ import pytest
 from servers import free_port, ray_head
 
 from engine import events as ev
+from engine.branching import attribute
 from engine.errors import ConfigError
 from engine.executors.base import ExecutorOptions
 from engine.executors.ray import RayExecutor
-from engine.heist.attribution import attribute_run
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.interventions import DoResample, fork_many
 from engine.journal import Journal
 from engine.policies.registry import make_policy
+from engine.scenario import Rerun
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,18 +112,22 @@ def test_attribution_on_ray_equals_local_branch_by_branch(
     the same status, outcome, branch seed and byte-identical event payloads."""
     j, run = pg
     before = {c.run_id for c in j.children(run)}
-    local = attribute_run(j, run, method="contrastive", k=3, seed=5, reuse=False, concurrency=2)
+    local = attribute(
+        j, run, method="contrastive", k=3, seed=5, rerun=Rerun(concurrency=2, reuse=False)
+    )
     local_branches = new_branches(j, run, before)
     before |= set(local_branches.values())
-    remote = attribute_run(
+    remote = attribute(
         j,
         run,
         method="contrastive",
         k=3,
         seed=5,
-        reuse=False,
-        concurrency=4,
-        executor=ExecutorOptions(kind="ray", address=ray_address, workers=2),
+        rerun=Rerun(
+            concurrency=4,
+            reuse=False,
+            executor=ExecutorOptions(kind="ray", address=ray_address, workers=2),
+        ),
     )
     ray_branches = new_branches(j, run, before)
     assert local["executor"]["name"] == "local" and remote["executor"]["name"] == "ray"

@@ -1,8 +1,9 @@
 """A second scenario, defined here and nowhere in the engine, runs through the same core code
 paths as the heist: recorded by engine.runtime.record.record_run, replayed by
-engine.replay.fidelity / check_requests at fidelity 1.0, forked by engine.interventions
-(fork_many, run_branch) with do_action, do_observation and do_resample, and refused in one line
-by a `car` process that does not know it. That is what makes the core scenario-agnostic."""
+engine.replay.fidelity / check_requests at fidelity 1.0, forked through the Scenario protocol
+(engine.branching.fork, the stepped scenario's SteppedForks) and engine.interventions.run_branch
+with do_action, do_observation and do_resample, and refused in one line by a `car` process that
+does not know it. That is what makes the core scenario-agnostic."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from engine import events as ev
+from engine.branching import SteppedForks, attribute, fork
 from engine.interventions import (
     DoAction,
     DoObservation,
@@ -50,7 +52,7 @@ class Added:
     error: str | None = None
 
 
-class CountScenario:
+class CountScenario(SteppedForks):
     """Two agents take turns counting up from 0; each turn is "[add:n+1] m" where m is the
     tool's answer as the agent read it. The run is good when the last number said equals the
     number of steps."""
@@ -191,10 +193,11 @@ def test_replay_notices_a_policy_that_ignores_its_seed(toy: None, tmp_path: Path
 
 
 def test_do_action_forks_through_the_core(recorded: tuple[Journal, str]) -> None:
-    """fork_many with do_action forks the toy run at k: the branch shares the prefix, says the
-    forced text at k, its later agents count on from it, and the toy scores it bad."""
+    """The protocol's fork (engine.branching.fork) with do_action forks the toy run at k: the
+    branch shares the prefix, says the forced text at k, its later agents count on from it, and
+    the toy scores it bad."""
     j, run = recorded
-    report = fork_many(j, run, DoAction(2, "40 forced [add:39+1]"), 3, seed=5)
+    report = fork(j, run, DoAction(2, "40 forced [add:39+1]"), 3, seed=5)
     assert report.factual_bad is False
     assert (report.scored, report.bad, report.bad_rate) == (3, 3, 1.0)
     branch = report.branches[0].run_id
@@ -218,6 +221,45 @@ def test_other_interventions_fork_the_toy(recorded: tuple[Journal, str]) -> None
     assert obs.outcome == {"bad": False, "last": 6}
     resampled = fork_many(j, run, DoResample(1), 4, seed=2)
     assert (resampled.scored, resampled.bad) == (4, 0)
+
+
+def test_attribution_runs_through_the_protocol(recorded: tuple[Journal, str]) -> None:
+    """engine.branching.attribute finds the toy through the registry and attributes a bad
+    branch of it through the scenario's own forward_model: forcing "40" at step 2 makes every
+    later count wrong, re-deciding step 2 (or an earlier one) repairs it and re-deciding a
+    later one does not, so the point of commitment is step 2, said by ann, whose effect is
+    -1.0 (re-deciding it takes P(bad) from 1 to 0); steps after it have effect 0."""
+    j, run = recorded
+    bad = fork(j, run, DoAction(2, "40 forced [add:39+1]"), 1, seed=5).branches[0].run_id
+    data = attribute(j, bad, method="contrastive", k=8, seed=1, all_steps=True)
+    assert (data["locus"], data["locus_agent"]) == (2, "ann")
+    effects = {r["step"]: r["effect"] for r in data["ranked"]}
+    assert effects[2] == -1.0
+    assert all(effects[k] == 0.0 for k in range(3, 6))
+    assert data["branches_added"] > 0 and data["branches_reused"] == 0
+    again = attribute(j, bad, method="contrastive", k=8, seed=1, all_steps=True)
+    assert again["branches_added"] == 0 and again["locus"] == 2
+
+
+def test_both_builtin_scenarios_speak_the_common_protocol() -> None:
+    """The heist and recorded programs implement the members every scenario has (fork,
+    forward_model, run_config, from_state); only the heist the stepped members the core's
+    loop calls, and asking the loop to drive a program's run is one line naming car replay."""
+    from engine.errors import ConfigError
+    from engine.heist.session import HeistScenario
+    from engine.program.scenario import ProgramScenario
+    from engine.scenario import stepped_for
+
+    common = ("fork", "forward_model", "run_config", "from_state")
+    stepped = ("view", "messages", "tool_calls", "run_tool", "outcome")
+    for cls in (HeistScenario, ProgramScenario, CountScenario):
+        assert all(callable(getattr(cls, m, None)) for m in common), cls
+    assert all(callable(getattr(HeistScenario, m, None)) for m in stepped)
+    assert not any(callable(getattr(ProgramScenario, m, None)) for m in stepped)
+    state = State(scenario="program", config={"command": ["python", "x.py"]})
+    with pytest.raises(ConfigError) as e:
+        stepped_for(state, "car fidelity")
+    assert "\n" not in str(e.value) and "car replay RUN -- CMD" in str(e.value)
 
 
 def test_a_process_without_the_scenario_refuses_it_in_one_line(

@@ -66,16 +66,6 @@ ProgramCmdArg = Annotated[
 ]
 
 
-def program_or(
-    fn: Callable[..., Any], command: list[str] | None, base_url: str | None, name: str
-) -> Callable[..., Any]:
-    """`fn` for a heist run; for a recorded program (car record), its counterpart re-running
-    the trailing `-- CMD` (engine/commands/program.py)."""
-    from engine.commands import program
-
-    return functools.partial(program.dispatch, fn, name, command, base_url)
-
-
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -290,7 +280,9 @@ def fork_cmd(
     swapped in. With `-- CMD` the run is a recorded program (car record): CMD is
     re-run per branch, calls before k answered from the journal, live after k.
     Exits 1 when every branch failed."""
-    from engine.interventions import fork_many, parse_intervention
+    from engine.branching import fork
+    from engine.interventions import parse_intervention
+    from engine.scenario import Rerun
     from engine.workers import interruptible
 
     _choice(do, OPS, "--do")
@@ -307,16 +299,14 @@ def fork_cmd(
     with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task(f"branches do_{do}@{at}", total=n)
-        report = program_or(fork_many, command, base_url, "fork_program")(
+        report = fork(
             j,
             run_id,
             iv,
             n,
             seed=seed,
-            concurrency=concurrency,
+            rerun=Rerun(concurrency, override, executor=where, command=tuple(command or ())),
             progress=lambda done, total: bar.update(task, completed=done, total=total),
-            policy_override=override,
-            executor=where,
         )
     failed = [b for b in report.branches if b.bad is None]
     if as_json:
@@ -486,7 +476,8 @@ def attribute_cmd(
     --all-steps estimates every step. The same command with the same --seed
     reads back the branches it made before instead of adding new ones. With
     `-- CMD` the run is a recorded program (car record), re-run per forward run."""
-    from engine.heist.attribution import attribute_run
+    from engine.branching import attribute
+    from engine.scenario import Rerun
     from engine.workers import interruptible
 
     k = _runs(runs, old_k)
@@ -502,7 +493,7 @@ def attribute_cmd(
     with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
         task = bar.add_task(f"{method} forward runs", total=None)
-        data = program_or(attribute_run, command, base_url, "attribute_program")(
+        data = attribute(
             j,
             run_id,
             method=method,
@@ -510,11 +501,15 @@ def attribute_cmd(
             k=k,
             budget=budget,
             seed=seed,
-            concurrency=concurrency,
             half_width=half_width,
             all_steps=all_steps,
+            rerun=Rerun(
+                concurrency,
+                {"base_url": base_url} if base_url else None,
+                executor=where,
+                command=tuple(command or ()),
+            ),
             progress=lambda done, total: bar.update(task, completed=done, total=total),
-            executor=where,
         )
     if as_json:
         emit_json(data)

@@ -1,8 +1,8 @@
 """Commands for recorded programs: `car record -- CMD` and `car replay RUN -- CMD`.
 
 `car fork RUN ... -- CMD` and `car attribute RUN -- CMD` are the counterfactual commands with a
-trailing command; engine/commands/counterfactual.py hands them to `fork_program` and
-`attribute_program` here.
+trailing command (engine/commands/counterfactual.py): the run's scenario re-runs it
+(engine.program.scenario).
 """
 
 from __future__ import annotations
@@ -223,102 +223,6 @@ def _print_replay(r: Any) -> None:
 
 def _verdict(o: dict[str, Any]) -> str:
     return "bad" if o.get("bad") else "good" if o.get("bad") is not None else "none"
-
-
-# ------------------------------------------------------------- fork / attribute (-- CMD)
-
-
-def _local_only(executor: Any) -> None:
-    """A recorded program re-runs as a local subprocess of this command: no Ray executor."""
-    if executor is not None and getattr(executor, "kind", "local") != "local":
-        raise typer.BadParameter(
-            "a recorded program (-- CMD) runs its forward runs here, as local subprocesses; "
-            "--executor ray applies to heist runs",
-            param_hint="'--executor'",
-        )
-
-
-def fork_program(
-    journal: Any,
-    run_id: str,
-    iv: Any,
-    n: int,
-    *,
-    cmd: list[str],
-    upstream: str | None,
-    seed: int = 0,
-    concurrency: int = 1,
-    progress: Any = None,
-    policy_override: dict[str, Any] | None = None,
-    executor: Any = None,
-) -> Any:
-    """`car fork RUN --at K --do OP -n N -- CMD`: a ForkReport, like the heist's."""
-    from engine.program.forks import fork_program as run_forks
-
-    _local_only(executor)
-    if policy_override and set(policy_override) - {"base_url"}:
-        raise typer.BadParameter(
-            "--model/--timeout apply to a recorded program through --do policy --value "
-            "'openai:model=...'",
-        )
-    return run_forks(
-        journal,
-        run_id,
-        iv,
-        n,
-        cmd,
-        seed=seed,
-        concurrency=concurrency,
-        upstream=upstream,
-        progress=progress,
-    )
-
-
-def attribute_program(
-    journal: Any,
-    run_id: str,
-    *,
-    cmd: list[str],
-    upstream: str | None,
-    executor: Any = None,
-    **options: Any,
-) -> dict[str, Any]:
-    """`car attribute RUN -- CMD`: plain data shaped like the heist's attribution."""
-    from engine.program.forks import attribute_program as attribute
-
-    _local_only(executor)
-    return attribute(journal, run_id, cmd, upstream=upstream, **options)
-
-
-def dispatch(
-    heist_fn: Any,
-    name: str,
-    command: list[str] | None,
-    upstream: str | None,
-    journal: Any,
-    run_id: str,
-    *args: Any,
-    **kwargs: Any,
-) -> Any:
-    """Send `car fork` / `car attribute` to the recorded-program path when the run is one:
-    it needs the program's command (after `--`), and a heist run must not get one."""
-    from engine.program.session import ProgramError, is_program_run
-
-    program_run = is_program_run(journal, run_id)
-    if program_run and not command:
-        raise ProgramError(
-            f"run {run_id!r} is a recorded program: give its command after `--` "
-            f"(e.g. car {name.split('_')[0]} {run_id} ... -- python agents.py)"
-        )
-    if not program_run and command:
-        raise ProgramError(
-            f"run {run_id!r} is not a recorded program; `-- CMD` is only for runs made by "
-            "car record"
-        )
-    if not command:
-        return heist_fn(journal, run_id, *args, **kwargs)
-    fn = fork_program if name == "fork_program" else attribute_program
-    return fn(journal, run_id, *args, cmd=command, upstream=upstream, **kwargs)
 
 
 def register(app: typer.Typer) -> None:

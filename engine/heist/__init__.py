@@ -1,6 +1,6 @@
 """The heist scenario ("the mole game"): a seeded world, the tools agents use to learn it, the
-crew config, the mole, the rule that decides whether the crew's plan would work, the embedded
-`sim` crew, and the attribution of a failed heist to its steps.
+crew config, the mole, the rule that decides whether the crew's plan would work, and the
+embedded `sim` crew. Its forks and attribution are the core's (engine.branching).
 
 The core knows the heist only as the scenario named "heist" (engine.scenario) and the policies
 named "sim" and "sim-honest" (engine.policies.registry); both are loaded on first use. The names
@@ -13,9 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.heist.attribution import attribute_run
     from engine.heist.config import HeistConfig, load_agents_config, parse_agents_config
-    from engine.heist.forward_model import HeistForwardModel
     from engine.heist.session import (
         DEFAULT_ROUNDS,
         SCENARIO,
@@ -27,11 +25,9 @@ if TYPE_CHECKING:
     from engine.heist.sim import SimPolicy, SimReferencePolicy
 
 _EXPORTS = {
-    "attribute_run": "engine.heist.attribution",
     "HeistConfig": "engine.heist.config",
     "load_agents_config": "engine.heist.config",
     "parse_agents_config": "engine.heist.config",
-    "HeistForwardModel": "engine.heist.forward_model",
     "DEFAULT_ROUNDS": "engine.heist.session",
     "SCENARIO": "engine.heist.session",
     "Accusation": "engine.heist.session",
@@ -55,12 +51,10 @@ __all__ = [
     "SCENARIO",
     "Accusation",
     "HeistConfig",
-    "HeistForwardModel",
     "HeistScenario",
     "SimPolicy",
     "SimReferencePolicy",
     "accuse_run",
-    "attribute_run",
     "load_agents_config",
     "parse_agents_config",
     "record_heist",

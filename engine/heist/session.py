@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
+from engine.branching import SteppedForks
 from engine.errors import ConfigError, JournalError
 from engine.heist.config import HeistConfig, load_agents_config
 from engine.heist.controller import accuse
@@ -36,8 +37,9 @@ DEFAULT_ROUNDS = 4
 SCENARIO = "heist"
 
 
-class HeistScenario:
-    """The heist as an `engine.scenario.Scenario`: views, prompts, tools and the outcome rule.
+class HeistScenario(SteppedForks):
+    """The heist as an `engine.scenario.SteppedScenario`: views, prompts, tools and the outcome
+    rule; its forks and forward runs are the core loop's (engine.branching.SteppedForks).
     Registered as "heist" (engine.scenario.BUILTIN_SCENARIOS); `from_state` is its factory."""
 
     name = SCENARIO

@@ -1,4 +1,5 @@
-"""Forks and attribution of recorded programs: many branches, each one execution of the program
+"""Forks and forward runs of recorded programs (the "program" scenario's `fork` and
+`forward_model`, engine.program.scenario): many branches, each one execution of the program
 journaled as a child run (engine.program.session.fork_branch), scored by its outcome.
 
 Branches are independent processes that spend their time waiting on the model server, so they
@@ -13,10 +14,8 @@ import concurrent.futures as cf
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.attribution.base import ForwardRequest, PlayersKind
-from engine.attribution.base import Progress as AttributionProgress
-from engine.attribution.report import attribution_report
-from engine.errors import ConfigError, EngineError, InterventionError
+from engine.attribution.base import ForwardRequest
+from engine.errors import EngineError, InterventionError
 from engine.interventions import (
     BranchResult,
     DoResample,
@@ -153,6 +152,17 @@ class ProgramForwardModel:
                 if "#" in child.label:
                     self._existing.setdefault(child.label, child.run_id)
 
+    def __enter__(self) -> ProgramForwardModel:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        # branches run in threads of each batch: nothing outlives a batch
+        return None
+
+    def executor_stats(self) -> None:
+        """No executor: a program's branches are subprocesses of this command."""
+        return None
+
     @property
     def run_id(self) -> str:
         return self.info.run_id
@@ -225,36 +235,3 @@ class ProgramForwardModel:
             return [self._branch(r) for r in requests]
         with cf.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(self._branch, requests))
-
-
-def attribute_program(
-    journal: Journal,
-    run_id: str,
-    cmd: Sequence[str],
-    *,
-    method: str = "contrastive",
-    players: str = "steps",
-    k: int | None = None,
-    budget: int = 2000,
-    seed: int = 0,
-    concurrency: int = 1,
-    half_width: float = 0.1,
-    all_steps: bool = False,
-    upstream: str | None = None,
-    reuse: bool = True,
-    progress: AttributionProgress | None = None,
-) -> dict[str, Any]:
-    """Which call (or agent) caused a recorded program's failure; plain data for the CLI, in
-    the shape of the heist's attribution (so the CLI prints both alike)."""
-    if method not in ("contrastive", "shapley"):
-        raise ConfigError(f"unknown method {method!r}; expected one of: contrastive, shapley")
-    kind = PlayersKind.parse(players)
-    model = ProgramForwardModel(
-        journal, run_id, cmd, upstream=upstream, concurrency=concurrency, reuse=reuse
-    )
-    out = attribution_report(
-        model, model.run_id, method, kind, k, budget, seed, half_width, all_steps, progress
-    )
-    out["branches_added"] = model.created
-    out["branches_reused"] = model.reused
-    return out

@@ -20,7 +20,7 @@ from engine.policies.base import AgentView, ChatLine, Completion, Policy, Policy
 from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
 from engine.runtime.recorder import Recorder
-from engine.scenario import Scenario
+from engine.scenario import SteppedScenario
 from engine.state import State
 
 log = get_logger("car.runtime")
@@ -52,7 +52,7 @@ StepCallback = Callable[[int, str, list[ev.Event]], None]
 
 def run_episode(
     recorder: Recorder,
-    scenario: Scenario,
+    scenario: SteppedScenario,
     policy: Policy,
     seed_for_step: Callable[[int], int],
     transcript: list[ChatLine],
@@ -90,7 +90,7 @@ def run_episode(
 
 def _loop(
     recorder: Recorder,
-    scenario: Scenario,
+    scenario: SteppedScenario,
     policy: Policy,
     seed_for_step: Callable[[int], int],
     full: list[ChatLine],
@@ -180,7 +180,7 @@ def _close_after(recorder: Recorder, exc: BaseException) -> None:
 
 
 def _step_events(
-    scenario: Scenario,
+    scenario: SteppedScenario,
     view: AgentView,
     messages: list[dict[str, str]],
     seed: int,

@@ -15,13 +15,13 @@ from engine.runtime.control import ControlChannel
 from engine.runtime.episode import EpisodeResult, StepCallback, run_episode
 from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
 from engine.runtime.seeds import step_seed
-from engine.scenario import Scenario
+from engine.scenario import SteppedScenario
 from engine.state import DEFAULT_CONTEXT_WINDOW, State
 from engine.version import engine_version
 
 
 def run_started(
-    scenario: Scenario,
+    scenario: SteppedScenario,
     policy: Policy,
     seed: int,
     started_at: str,
@@ -46,7 +46,7 @@ def run_started(
 
 def record_run(
     journal: Journal,
-    scenario: Scenario,
+    scenario: SteppedScenario,
     policy: Policy,
     *,
     seed: int,

@@ -418,7 +418,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
     @app.post("/api/sessions/{session_id}/fork", tags=["branches"])
     def fork(session_id: str, body: ForkRequest) -> dict[str, Any]:
         """N branches from step `at` with one do() intervention; bad rate and Wilson 95% CI."""
-        from engine.interventions import fork_many, parse_intervention
+        from engine.branching import fork as fork_branches
+        from engine.interventions import parse_intervention
+        from engine.scenario import Rerun
 
         run_id = resolve(session_id)
         _ended(run_id, "fork")
@@ -426,8 +428,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
         text = json.dumps(value) if isinstance(value, dict) else value
         try:
             iv = parse_intervention(body.do, body.at, text)
-            report = fork_many(
-                journal, run_id, iv, body.n, seed=body.seed, concurrency=body.concurrency
+            report = fork_branches(
+                journal, run_id, iv, body.n, seed=body.seed, rerun=Rerun(body.concurrency)
             )
         except (InterventionError, ConfigError) as e:
             raise ApiError(422, str(e), session_id=run_id) from e
@@ -438,13 +440,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
     @app.post("/api/sessions/{session_id}/attribution", tags=["branches"])
     def attribution(session_id: str, body: AttributionRequest | None = None) -> dict[str, Any]:
         """Which step (or agent) caused the failure: the ranked attribution table."""
-        from engine.heist.attribution import attribute_run
+        from engine.branching import attribute
+        from engine.scenario import Rerun
 
         body = body or AttributionRequest()
         run_id = resolve(session_id)
         _ended(run_id, "attribute")
         try:
-            data = attribute_run(
+            data = attribute(
                 journal,
                 run_id,
                 method=body.method,
@@ -452,9 +455,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 k=body.k,
                 budget=body.budget,
                 seed=body.seed,
-                concurrency=body.concurrency,
                 half_width=body.half_width,
                 all_steps=body.all_steps,
+                rerun=Rerun(body.concurrency),
             )
         except (ConfigError, InterventionError) as e:
             raise ApiError(422, str(e), session_id=run_id) from e
