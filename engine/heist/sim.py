@@ -16,7 +16,8 @@ The sim plays the heist the way a crew of LLM agents would, but deterministicall
 Determinism: `decide(view, messages, seed)` draws only from `random.Random(seed)`, so the same
 view and seed give the same text. `drift` is the knob for testing fidelity reports: with
 probability `drift` a step ignores its seed and draws from `random.SystemRandom()`, as a hosted
-model that is not quite deterministic would.
+model that is not quite deterministic would (`drift_seed` makes that source a seeded stream
+instead, so a test of the knob is reproducible).
 
 Defaults: the default crew of 6 agents (`engine/heist/agents_config.yaml`) for `DEFAULT_ROUNDS`
 = 4 rounds (24 steps). Rounds in `AgentView.round` are counted from 0. With `DEFAULT_PARAMS`,
@@ -942,6 +943,7 @@ class SimPolicy:
         world_provider: Callable[[], World] | None = None,
         drift: float = 0.0,
         params: SimParams = DEFAULT_PARAMS,
+        drift_seed: int | None = None,
     ) -> None:
         if not 0.0 <= drift <= 1.0:
             raise ValueError(f"drift must be a probability in [0, 1], got {drift!r}")
@@ -949,14 +951,16 @@ class SimPolicy:
         self.world_provider = world_provider
         self.drift = drift
         self.params = params
+        self.drift_seed = drift_seed
+        self._chaos: random.Random = (
+            random.SystemRandom() if drift_seed is None else random.Random(drift_seed)
+        )
 
     def decide(self, view: AgentView, messages: list[dict[str, str]], seed: int) -> Completion:
         """The action of `view.agent` at `view.step`, drawn from `random.Random(seed)`."""
         rng: random.Random = random.Random(seed)
-        if self.drift > 0.0:
-            chaos = random.SystemRandom()
-            if chaos.random() < self.drift:
-                rng = chaos
+        if self.drift > 0.0 and self._chaos.random() < self.drift:
+            rng = self._chaos
         text = _Turn(view, rng, self.params).compose()
         prompt_chars = sum(len(m.get("content", "")) for m in messages)
         return Completion(
@@ -991,7 +995,8 @@ def sim_policy(spec: dict[str, Any]) -> Policy:
     """The policy registry's factory for "sim" and "sim-honest" specs."""
     try:
         drift = float(spec.get("drift", 0.0) or 0.0)
-        sim = SimPolicy(drift=drift)
+        raw_seed = spec.get("drift_seed")
+        sim = SimPolicy(drift=drift, drift_seed=None if raw_seed is None else int(raw_seed))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"bad sim policy spec {spec!r}: {e}") from e
     return HonestPolicy(sim) if spec.get("name") == "sim-honest" else sim

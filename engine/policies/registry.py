@@ -119,4 +119,7 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     drift = getattr(policy, "drift", None)
     if drift is not None:
         out["drift"] = drift
+    drift_seed = getattr(policy, "drift_seed", None)
+    if drift_seed is not None:
+        out["drift_seed"] = drift_seed
     return out
