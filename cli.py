@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from engine import projections as views
-from engine.commands import coerce
+from engine.commands import coerce, lazy
 from engine.commands.common import (
     JsonOpt,
     emit_json,
@@ -33,7 +33,6 @@ from engine.commands.common import (
     options,
     out,
 )
-from engine.commands.lazy import LazyGroup
 from engine.errors import EngineError
 from engine.terminal import printable
 
@@ -42,7 +41,7 @@ coerce.install()
 
 app = typer.Typer(
     # the commands of engine/commands are imported and built only when they run (lazy.py)
-    cls=LazyGroup,
+    cls=lazy.LazyGroup,
     # plain click help: rich help shows every flag as `<bool>` and wraps it at 80 columns
     rich_markup_mode=None,
     help="Causal Agent Replay: record multi-agent runs, replay and fork them, find the step "
@@ -455,7 +454,8 @@ def heist_cmd(
 
 
 # the command groups of engine/commands are listed in engine/commands/lazy.py (COMMANDS) and
-# imported only when one of their commands runs
+# imported only when one of their commands runs; the commands above are built when they run
+lazy.defer(app)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ it.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -116,6 +117,27 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+#: The commands cli.py defines itself (`defer(app)` takes them out of the app), by name.
+OWN: dict[str, Any] = {}
+
+
+def defer(app: typer.Typer) -> None:
+    """Build the commands registered on `app` itself lazily too: typer would build every one
+    of them with the group (evaluating all their annotations) though one runs."""
+    for info in app.registered_commands:
+        assert info.callback is not None
+        OWN[info.name or typer.main.get_command_name(info.callback.__name__)] = info
+    app.registered_commands = []
+
+
+def _one_line(name: str) -> str:
+    """The help text `car --help` shortens for a command that is not built yet."""
+    if name in OWN:
+        info = OWN[name]
+        return str(info.help or inspect.getdoc(info.callback) or "")
+    return next(h for n, _, h in COMMANDS if n == name)
+
+
 class _Commands(MutableMapping[str, Any]):
     """The group's commands by name: the ones built so far, and the names of the others
     (in listing order), built from their module on first lookup."""
@@ -123,7 +145,8 @@ class _Commands(MutableMapping[str, Any]):
     def __init__(self, group: LazyGroup, built: dict[str, Any]) -> None:
         self._group = group
         self._built = dict(built)
-        self._order = list(built) + [name for name, _, _ in COMMANDS if name not in built]
+        names = [*built, *OWN, *(name for name, _, _ in COMMANDS)]
+        self._order = list(dict.fromkeys(names))
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._built:
@@ -166,14 +189,16 @@ class LazyGroup(TyperGroup):
 
     def _load(self, name: str) -> Any:
         """Import the module of `name` and build that one click command (or group)."""
-        module = next(m for n, m, _ in COMMANDS if n == name)
-        stub = typer.Typer()
-        importlib.import_module(module).register(stub)
         # as typer builds the commands of an app: the root's markup mode, short tracebacks
         settings: dict[str, Any] = {
             "pretty_exceptions_short": True,
             "rich_markup_mode": self.rich_markup_mode,
         }
+        if name in OWN:
+            return typer.main.get_command_from_info(OWN[name], **settings)
+        module = next(m for n, m, _ in COMMANDS if n == name)
+        stub = typer.Typer()
+        importlib.import_module(module).register(stub)
         for info in stub.registered_commands:
             assert info.callback is not None
             if (info.name or typer.main.get_command_name(info.callback.__name__)) == name:
@@ -190,7 +215,6 @@ class LazyGroup(TyperGroup):
         # the table (the same text, shortened by the same rule)
         commands = self.commands
         assert isinstance(commands, _Commands)
-        table = {n: h for n, _, h in COMMANDS}
         rows: list[tuple[str, Any]] = []
         for name in self.list_commands(ctx):
             cmd = commands.loaded(name)
@@ -200,7 +224,7 @@ class LazyGroup(TyperGroup):
             return
         limit = formatter.width - 6 - max(len(name) for name, _ in rows)
         lines = [
-            (name, make_default_short_help(table[name], limit))
+            (name, make_default_short_help(_one_line(name), limit))
             if cmd is None
             else (name, cmd.get_short_help_str(limit))
             for name, cmd in rows
