@@ -216,3 +216,31 @@ def test_plain_values_convert_as_typer_own_converter_does(
             plain != plain and full != full  # nan
         ), value
     assert accepted > 0
+
+
+def test_contrastive_attribution_does_not_load_scipy() -> None:
+    """The modules of the default `car attribute` (contrastive) load no SciPy: its start-up is
+    serial time in front of every worker pool (only Shapley's t quantile needs SciPy)."""
+    probe = (
+        "import sys, engine.commands.counterfactual, engine.heist.attribution;"
+        "from engine.attribution.contrastive import wilson, z_value;"
+        "z_value(0.05); wilson(3, 16, 0.05);"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_normal_quantile_agrees_with_scipy() -> None:
+    """z_value (the standard library's inverse normal) equals scipy's ndtri to 1e-14 over the
+    alphas the schedules use and a grid of others."""
+    from scipy.special import ndtri
+
+    from engine.attribution.contrastive import z_value
+
+    alphas = [0.05, 0.05 * 0.05, 0.05 * 0.15, 0.05 * 0.8, 0.01, 0.1, 0.2, 0.5, 1e-6]
+    alphas += [i / 1000 for i in range(1, 1000)]
+    for a in alphas:
+        assert z_value(a) == pytest.approx(float(ndtri(1 - a / 2)), rel=1e-14), a
