@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from engine import projections as views
-from engine.commands import journal as journal_commands
+from engine.commands import coerce, lazy
 from engine.commands.common import (
     JsonOpt,
     emit_json,
@@ -36,7 +36,12 @@ from engine.commands.common import (
 from engine.errors import EngineError
 from engine.terminal import printable
 
+# plain values (str, int, float) are converted without importing pydantic (~0.15 s)
+coerce.install()
+
 app = typer.Typer(
+    # the commands of engine/commands are imported and built only when they run (lazy.py)
+    cls=lazy.LazyGroup,
     # plain click help: rich help shows every flag as `<bool>` and wraps it at 80 columns
     rich_markup_mode=None,
     help="Causal Agent Replay: record multi-agent runs, replay and fork them, find the step "
@@ -448,18 +453,9 @@ def heist_cmd(
         signal.signal(signal.SIGINT, previous)
 
 
-# each command group registers itself; cli.py stays the assembly
-from engine.commands import counterfactual
-from engine.commands import detect as _detect_commands
-from engine.commands import program as _program
-from engine.commands import serve as _serve
-from engine.commands import traces as _traces
-
-for _group in (counterfactual, _detect_commands, _traces, _serve, _program):
-    _group.register(app)
-
-
-journal_commands.register(app)
+# the command groups of engine/commands are listed in engine/commands/lazy.py (COMMANDS) and
+# imported only when one of their commands runs; the commands above are built when they run
+lazy.defer(app)
 
 
 def main() -> None:
@@ -475,8 +471,8 @@ def main() -> None:
 
         exit_now(message)
 
-    # everything is imported (the command groups too, at the end of this module): from here on
-    # Ctrl-C is a KeyboardInterrupt that the handlers below turn into one line
+    # from here on Ctrl-C is a KeyboardInterrupt that the handlers below turn into one line
+    # (also while the command's own module is imported, which happens inside app())
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:

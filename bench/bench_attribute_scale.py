@@ -143,7 +143,12 @@ def measure(
             say(quiet, f"{6 * r} steps: default attribute -c 2")
             j2 = fresh("c2")
             wall, data = car(ROOT, j2, "attribute", run, "-c", "2")
-            size["default_c2"] = {"wall_s": wall, "cpu_s": last_cpu[0], "locus": data["locus"]}
+            ex = data.get("executor") or {}
+            size["default_c2"] = {
+                "wall_s": wall, "cpu_s": last_cpu[0], "locus": data["locus"],
+                "worker_cpu_s": ex.get("cpu_s"), "worker_busy_s": ex.get("busy_s"),
+                "pool_wall_s": ex.get("wall_s"),
+            }  # fmt: skip
             if shapley:
                 say(quiet, f"{6 * r} steps: shapley over agents")
                 js = fresh("shapley")
@@ -203,6 +208,20 @@ def table(res: dict[str, Any]) -> None:
                      f"{d['cpu_s']:.2f} / {c2['cpu_s']:.2f}", "", ""))  # fmt: skip
         rows.append((f"{steps} steps: -c 2 bound on 2 idle cores (cpu1 / (cpu2 / 2))",
                      f"{d['cpu_s'] / (c2['cpu_s'] / 2):.2f}x", "", ""))  # fmt: skip
+        workers = c2.get("worker_cpu_s")
+        if workers:
+            # per process: the command itself (everything but its workers) and each worker;
+            # a worker's share of the pool's time in jobs shows what waits (barriers, start-up)
+            parent = c2["cpu_s"] - sum(workers)
+            per = " / ".join(f"{w:.2f}" for w in workers)
+            rows.append((f"{steps} steps: -c 2 CPU s per process: command / workers",
+                         f"{parent:.2f} / {per}", "", ""))  # fmt: skip
+            busy = " / ".join(f"{b / c2['pool_wall_s']:.0%}" for b in c2["worker_busy_s"])
+            rows.append((f"{steps} steps: -c 2 workers in a job (share of the pool's wall)",
+                         busy, "", ""))  # fmt: skip
+            bound = d["cpu_s"] / (parent + max(workers))
+            rows.append((f"{steps} steps: -c 2 bound by the busiest process (cpu1 / max)",
+                         f"{bound:.2f}x", "", ""))  # fmt: skip
         rows.append((f"{steps} steps: re-run adds branches / bytes",
                      f"{again['branches']} / {again['bytes'] / MIB:.2f} MiB", "0 branches",
                      verdict(again["branches"] == 0)))  # fmt: skip

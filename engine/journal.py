@@ -612,6 +612,8 @@ class Journal:
         self._writable()
         if payloads is None:
             payloads = [ev.encode_checked(e) for e in events]
+        if self.write_version >= 4 and expected_seq and run_id not in self._compactors:
+            self._warm_compactor(run_id, expected_seq)
         self._pending_texts = {}
         try:
             with self._tx() as cur:
@@ -689,6 +691,17 @@ class Journal:
             self._compactors.pop(run_id, None)
             raise
         return out
+
+    def _warm_compactor(self, run_id: str, seq: int) -> None:
+        """Learn a run's history before its first append at `seq` (a branch's first step
+        reads and decodes up to 256 earlier events): outside the write transaction, so that
+        writers in other processes do not wait for it. The events before `seq` never change;
+        an append that then fails drops what was learnt, as _compact does."""
+        if len(self._compactors) > 64:
+            self._compactors.clear()
+        comp = ev.Compactor()
+        self._seed(comp, run_id, seq)
+        self._compactors[run_id] = comp
 
     def _seed(
         self, comp: ev.Compactor, run_id: str, seq: int, calls: int = 16, recent: int = 256

@@ -157,12 +157,15 @@ def _worker_main(parent: int, conn: Connection, setup: Callable[[], None] | None
             os._exit(0)
         fn, item = msg
         _busy.set()
+        started = time.perf_counter()
         try:
-            reply: tuple[bool, Any] = (True, fn(item))
+            ok, value = True, fn(item)
         except Exception as e:  # handed to the parent, which raises it
-            reply = (False, e)
+            ok, value = False, e
         finally:
             _busy.clear()
+        # what the parent accounts per worker: seconds in the job, CPU seconds of the process
+        reply = (ok, value, time.perf_counter() - started, time.process_time())
         if STOP.is_set():  # the branch closed itself as stopped; nothing more to do here
             os._exit(143)
         try:
@@ -180,6 +183,11 @@ class WorkerPool:
         ctx = mp.get_context("fork")
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
+        #: per worker: seconds spent in jobs, and its CPU seconds so far (from its replies)
+        self.busy_s = [0.0] * workers
+        self.cpu_s = [0.0] * workers
+        #: seconds the parent spent in run() (handing out items and waiting for results)
+        self.wall_s = 0.0
         for _ in range(workers):
             mine, theirs = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(os.getpid(), theirs, setup))
@@ -196,10 +204,20 @@ class WorkerPool:
     ) -> None:
         """Run fn over items; on_done(index, result) as each finishes. On a stop request the
         workers are told to stop their branches and Interrupted is raised."""
+        started = time.perf_counter()
+        try:
+            self._run(fn, items, on_done)
+        finally:
+            self.wall_s += time.perf_counter() - started
+
+    def _run(
+        self, fn: Callable[[_T], _R], items: Iterable[_T], on_done: Callable[[int, _R], None]
+    ) -> None:
         todo = list(enumerate(items))
         todo.reverse()
         busy: dict[Connection, int] = {}
         idle = list(self._conns)
+        slot = {conn: i for i, conn in enumerate(self._conns)}
         while todo or busy:
             while todo and idle:
                 conn = idle.pop()
@@ -211,11 +229,13 @@ class WorkerPool:
                 conn = cast(Connection, ready_conn)
                 index = busy.pop(conn)
                 try:
-                    ok, value = conn.recv()
+                    ok, value, busy_s, cpu_s = conn.recv()
                 except (EOFError, OSError) as e:
                     if STOP.is_set():
                         break
                     raise EngineError("a worker process died while running a branch") from e
+                self.busy_s[slot[conn]] += busy_s
+                self.cpu_s[slot[conn]] = cpu_s
                 idle.append(conn)
                 if not ok:
                     raise value

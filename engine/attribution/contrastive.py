@@ -56,11 +56,11 @@ import functools
 import math
 from collections.abc import Sequence
 from enum import StrEnum
+from statistics import NormalDist
 from typing import Any
 
 import msgspec
 import numpy as np
-from scipy.special import ndtri
 
 from engine.attribution.base import (
     ForwardModel,
@@ -168,8 +168,9 @@ class ContrastiveResult(msgspec.Struct, frozen=True):
 
 @functools.lru_cache(maxsize=1024)
 def z_value(alpha: float) -> float:
-    """The two-sided normal quantile for level 1 - alpha."""
-    return float(ndtri(1 - alpha / 2))
+    """The two-sided normal quantile for level 1 - alpha (the standard library's: scipy's
+    ndtri agrees to 1e-15 and costs ~0.3-0.9 s of every `car attribute` to import)."""
+    return NormalDist().inv_cdf(1 - alpha / 2)
 
 
 def wilson(bad: float, n: int, alpha: float) -> tuple[float, float]:

@@ -60,6 +60,11 @@ class ExecutorStats(msgspec.Struct):
     lost: int = 0
     #: half-run branches of lost workers closed as stopped in the journal
     closed: int = 0
+    #: local worker processes: seconds each spent running jobs, and its CPU seconds
+    busy_s: list[float] | None = None
+    cpu_s: list[float] | None = None
+    #: local worker processes: seconds the command spent handing out jobs and waiting
+    wall_s: float | None = None
 
 
 class Executor(Protocol):

@@ -64,7 +64,16 @@ class LocalExecutor:
             self._workers = concurrency
 
     def stats(self) -> ExecutorStats:
-        return ExecutorStats(name=self.name, workers=self._workers)
+        pool = self._procs
+        if pool is None:
+            return ExecutorStats(name=self.name, workers=self._workers)
+        return ExecutorStats(
+            name=self.name,
+            workers=self._workers,
+            busy_s=[round(b, 4) for b in pool.busy_s],
+            cpu_s=[round(c, 4) for c in pool.cpu_s],
+            wall_s=round(pool.wall_s, 4),
+        )
 
     def map(
         self,

@@ -1,0 +1,246 @@
+"""What a short command loads at start-up: only its own command, no pydantic, and the same
+help, values and errors as the group built from every command module."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import cli
+from engine.commands import coerce, lazy
+from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
+from engine.journal import Journal
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _registered(module: str) -> dict[str, str]:
+    """name -> full help of every command and group that `module.register(app)` adds."""
+    stub = typer.Typer(rich_markup_mode=None)
+    importlib.import_module(module).register(stub)
+    found: dict[str, str] = {}
+    for info in stub.registered_commands:
+        assert info.callback is not None
+        name = info.name or typer.main.get_command_name(info.callback.__name__)
+        found[name] = info.help or inspect.getdoc(info.callback) or ""
+    for group in stub.registered_groups:
+        built = typer.main.get_group_from_info(
+            group, pretty_exceptions_short=True, rich_markup_mode=None, suggest_commands=True
+        )
+        assert group.name is not None
+        found[group.name] = built.help or ""
+    return found
+
+
+def _first_paragraph(text: str) -> str:
+    return " ".join(text.split("\n\n")[0].split())
+
+
+def test_the_table_lists_every_registered_command_with_its_help() -> None:
+    """Every module of engine/commands with a register() is in the table with exactly the
+    commands it registers, each with the first paragraph of its own help (what `car --help`
+    shortens), and nothing else is."""
+    modules = sorted(
+        f"engine.commands.{p.stem}"
+        for p in (ROOT / "engine" / "commands").glob("*.py")
+        if "def register(" in p.read_text()
+    )
+    table = {(name, module): text for name, module, text in lazy.COMMANDS}
+    expected = {}
+    for module in modules:
+        for name, text in _registered(module).items():
+            expected[(name, module)] = _first_paragraph(text)
+    assert table == expected
+
+
+def _eager_help(args: list[str]) -> str:
+    """The help text of the group built the ordinary typer way, from every module."""
+    app = typer.Typer(
+        rich_markup_mode=None,
+        help=cli.app.info.help,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    app.callback()(cli.app.registered_callback.callback)  # type: ignore[union-attr]
+    for info in lazy.OWN.values():
+        app.registered_commands.append(info)
+    for module in dict.fromkeys(m for _, m, _ in lazy.COMMANDS):
+        importlib.import_module(module).register(app)
+    res = CliRunner().invoke(app, args, prog_name="car", terminal_width=100)
+    return res.output
+
+
+@pytest.mark.parametrize("args", [["--help"], ["db", "--help"], ["state", "--help"]])
+def test_help_is_the_help_of_the_eagerly_built_group(args: list[str]) -> None:
+    """`car --help` (from the table, nothing imported) and a command's help (built on
+    demand) print what the group built from every module prints, in the same order."""
+    res = CliRunner().invoke(cli.app, args, prog_name="car", terminal_width=100)
+    assert res.exit_code == 0, res.output
+    assert res.output == _eager_help(args)
+    assert "Commands:" in res.output or "Options:" in res.output
+
+
+def test_the_group_help_lists_every_command_in_order() -> None:
+    """The listing names cli.py's own commands first, then the table's, each once."""
+    res = CliRunner().invoke(cli.app, ["--help"], prog_name="car", terminal_width=200)
+    listed = [
+        line.split()[0]
+        for line in res.output.split("Commands:")[1].splitlines()
+        if line.startswith("  ")
+    ]
+    assert listed == [*lazy.OWN, *(n for n, _, _ in lazy.COMMANDS)]
+
+
+def test_a_typo_still_suggests_the_command() -> None:
+    """An unknown command is a usage error that suggests the near names, lazy ones too."""
+    res = subprocess.run(
+        [sys.executable, "-m", "cli", "atribute", "x"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert res.returncode == 2
+    assert "No such command 'atribute'" in res.stderr and "'attribute'" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    path = tmp_path_factory.mktemp("start") / "j.db"
+    with Journal(path) as j:
+        run = record_heist(j, SimPolicy(), seed=7, rounds=1).run_id
+    return path, run
+
+
+_PROBE = """
+import sys
+sys.argv = ["car", *sys.argv[1:]]
+import cli
+try:
+    cli.main()
+except SystemExit:
+    pass
+heavy = ("pydantic", "sqlalchemy", "alembic", "scipy", "numpy", "engine.commands.counterfactual",
+         "engine.commands.detect", "engine.commands.program", "engine.commands.traces",
+         "engine.commands.serve", "engine.heist.session")
+sys.stderr.write("LOADED " + ",".join(m for m in heavy if m in sys.modules) + "\\n")
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "allowed"),
+    [
+        (["state", "RUN", "--at", "3"], set()),
+        (["state", "RUN", "--at", "3", "--json"], set()),
+        (["runs"], set()),
+        (["show", "RUN"], set()),
+    ],
+)
+def test_short_commands_import_no_heavy_library(
+    journal: tuple[Path, str], argv: list[str], allowed: set[str]
+) -> None:
+    """`car state`, `runs` and `show` import neither pydantic (typer's converter) nor
+    SQLAlchemy, Alembic, SciPy or another command's module."""
+    path, run = journal
+    args = [run if a == "RUN" else a for a in argv]
+    res = subprocess.run(
+        [sys.executable, "-c", _PROBE, "--journal", str(path), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    line = next(x for x in res.stderr.splitlines() if x.startswith("LOADED "))
+    loaded = {m for m in line[len("LOADED ") :].split(",") if m}
+    assert loaded <= allowed, loaded
+    assert res.stdout.strip(), res.stderr
+    if "--json" in argv:
+        assert json.loads(res.stdout)["run_id"] == run
+
+
+def test_bad_values_keep_typer_own_messages(journal: tuple[Path, str]) -> None:
+    """A value the plain converter does not take goes to typer's converter: the same error
+    as before (pydantic's wording), exit 2, one line."""
+    path, run = journal
+    for value in ("x", "1.5", "-1"):
+        res = subprocess.run(
+            [sys.executable, "-m", "cli", "--journal", str(path), "show", run, "--depth", value],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.startswith("error: Invalid value for '--depth'"), res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+
+
+_SAMPLES = [
+    "0", "7", "007", "-0", "-12", "+5", " 5", "5 ", "1_000", "5.0", "5.", ".5", "0.8",
+    "-0.0", "1e3", "inf", "nan", "", "x", "١٢", "12345678901234567890", "3.14159",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("annotation", [str, int, float, bool])
+@pytest.mark.parametrize("bounds", [(None, None), (0, None), (1, 10), (0.0, 1.0)])
+def test_plain_values_convert_as_typer_own_converter_does(
+    annotation: type, bounds: tuple[float | None, float | None]
+) -> None:
+    """Whatever the plain converter accepts, it converts to exactly (value and type) what
+    typer's pydantic adapter returns for the same parameter; what the adapter rejects, the
+    plain converter never accepts."""
+    from pydantic import ValidationError
+    from typer._adapters import build_adapter
+    from typer.models import OptionInfo
+
+    info = OptionInfo(min=bounds[0], max=bounds[1])
+    adapter = build_adapter(annotation, info)
+    values: list[object] = [*_SAMPLES, 0, 5, -3, 11, 0.5, 2.0, True, False]
+    accepted = 0
+    for value in values:
+        plain = coerce.plain_value(annotation, info, value)
+        if plain is coerce._MISSING:
+            continue
+        accepted += 1
+        try:
+            full = adapter.validate_python(value)
+        except ValidationError:
+            pytest.fail(
+                f"{value!r} as {annotation.__name__}{bounds}: plain took what typer rejects"
+            )
+        assert (plain, type(plain)) == (full, type(full)) or (
+            plain != plain and full != full  # nan
+        ), value
+    assert accepted > 0
+
+
+def test_contrastive_attribution_does_not_load_scipy() -> None:
+    """The modules of the default `car attribute` (contrastive) load no SciPy: its start-up is
+    serial time in front of every worker pool (only Shapley's t quantile needs SciPy)."""
+    probe = (
+        "import sys, engine.commands.counterfactual, engine.heist.attribution;"
+        "from engine.attribution.contrastive import wilson, z_value;"
+        "z_value(0.05); wilson(3, 16, 0.05);"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_normal_quantile_agrees_with_scipy() -> None:
+    """z_value (the standard library's inverse normal) equals scipy's ndtri to 1e-14 over the
+    alphas the schedules use and a grid of others."""
+    from scipy.special import ndtri
+
+    from engine.attribution.contrastive import z_value
+
+    alphas = [0.05, 0.05 * 0.05, 0.05 * 0.15, 0.05 * 0.8, 0.01, 0.1, 0.2, 0.5, 1e-6]
+    alphas += [i / 1000 for i in range(1, 1000)]
+    for a in alphas:
+        assert z_value(a) == pytest.approx(float(ndtri(1 - a / 2)), rel=1e-14), a
