@@ -222,7 +222,7 @@ def test_contrastive_attribution_does_not_load_scipy() -> None:
     """The modules of the default `car attribute` (contrastive) load no SciPy: its start-up is
     serial time in front of every worker pool (only Shapley's t quantile needs SciPy)."""
     probe = (
-        "import sys, engine.commands.counterfactual, engine.heist.attribution;"
+        "import sys, engine.commands.counterfactual, engine.branching, engine.attribution.report;"
         "from engine.attribution.contrastive import wilson, z_value;"
         "z_value(0.05); wilson(3, 16, 0.05);"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))"
