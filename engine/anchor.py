@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from engine.errors import JournalError
-from engine.journal import HASH_PREFIX, Journal, RunInfo
+from engine.journal import HASH_PREFIX, Journal, RunInfo, hash_text
 
 FORMAT = "car-anchor/1"
 MAC_ALG = "hmac-sha256"
@@ -88,10 +88,12 @@ def _mac(key: bytes, doc: dict[str, Any]) -> str:
 def _own_marks(journal: Journal, info: RunInfo, head: int) -> list[list[Any]]:
     start = info.fork_seq or 0
     rows = journal.query(
-        "SELECT seq, hash FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq",
-        [info.run_id, start],
+        f"SELECT seq, hash FROM events WHERE {journal.run_col} = ? AND seq >= ? ORDER BY seq",
+        [journal.run_key(info.run_id), start],
     )
-    return [[int(s), str(h)] for s, h in rows if (int(s) + 1) % MARK_EVERY == 0 and s < head]
+    return [
+        [int(s), hash_text(h)] for s, h in rows if (int(s) + 1) % MARK_EVERY == 0 and s < head
+    ]
 
 
 def make_anchor(journal: Journal, key: bytes, created_at: str) -> dict[str, Any]:
