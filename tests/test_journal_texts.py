@@ -20,6 +20,10 @@ from engine.policies.registry import make_policy
 from engine.verify import verify_journal
 
 
+# the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
+KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
+
+
 @pytest.fixture
 def heist(tmp_path: Path) -> tuple[Path, str]:
     path = tmp_path / "j.db"
@@ -33,7 +37,7 @@ def _stored(path: Path, run: str) -> list[tuple[int, int, bytes]]:
     db = sqlite3.connect(path)
     try:
         return db.execute(
-            "SELECT seq, version, payload FROM events WHERE run_id = ? ORDER BY seq", (run,)
+            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq", (run,)
         ).fetchall()
     finally:
         db.close()
