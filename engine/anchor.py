@@ -91,9 +91,7 @@ def _own_marks(journal: Journal, info: RunInfo, head: int) -> list[list[Any]]:
         f"SELECT seq, hash FROM events WHERE {journal.run_col} = ? AND seq >= ? ORDER BY seq",
         [journal.run_key(info.run_id), start],
     )
-    return [
-        [int(s), hash_text(h)] for s, h in rows if (int(s) + 1) % MARK_EVERY == 0 and s < head
-    ]
+    return [[int(s), hash_text(h)] for s, h in rows if (int(s) + 1) % MARK_EVERY == 0 and s < head]
 
 
 def make_anchor(journal: Journal, key: bytes, created_at: str) -> dict[str, Any]:

@@ -866,7 +866,9 @@ class Journal:
             return got
         with self._read() as cur:
             cur.execute(
-                self._q(f"SELECT version, payload FROM events WHERE {self.run_col} = ? AND seq = ?"),
+                self._q(
+                    f"SELECT version, payload FROM events WHERE {self.run_col} = ? AND seq = ?"
+                ),
                 (self._key(cur, owner), seq),
             )
             row = cur.fetchone()

@@ -47,9 +47,7 @@ class EventRow(SQLModel, table=True):
     __table_args__ = {"sqlite_with_rowid": False}
 
     run_key: int = Field(
-        sa_column=Column(
-            Integer, ForeignKey("runs.run_key"), primary_key=True, autoincrement=False
-        )
+        sa_column=Column(Integer, ForeignKey("runs.run_key"), primary_key=True, autoincrement=False)
     )
     seq: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
     step: int | None = Field(default=None)

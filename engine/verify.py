@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
-from engine.journal import HASH_PREFIX, KIND_CODES, KIND_NAMES, Journal, chain_hash
+from engine.journal import HASH_PREFIX, KIND_NAMES, Journal, chain_hash
 
 EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
     "runs": (
@@ -397,7 +397,12 @@ class _Checker:
         for code, ctype, raw_name in rows:
             name, _ok = _text(raw_name)
             if not isinstance(code, int) or (self.sqlite and ctype != "integer"):
-                self.add(None, None, f"kinds row {name!r} has a code {code!r} that is not an integer", "kinds")
+                self.add(
+                    None,
+                    None,
+                    f"kinds row {name!r} has a code {code!r} that is not an integer",
+                    "kinds",
+                )
                 continue
             have[code] = name
         for code, name in sorted(KIND_NAMES.items()):
@@ -532,9 +537,18 @@ class _Checker:
         )
         expected = start
         resync = prev is None  # no known predecessor hash: take the first stored one
-        for seq, seq_type, step, step_type, kind_raw, version, ptype, payload, hash_raw, htype in (
-            rows
-        ):
+        for (
+            seq,
+            seq_type,
+            step,
+            step_type,
+            kind_raw,
+            version,
+            ptype,
+            payload,
+            hash_raw,
+            htype,
+        ) in rows:
             self.events_checked += 1
             if not isinstance(seq, int) or (self.sqlite and seq_type != "integer"):
                 self.add(rid, None, f"seq cell {seq!r} is not an integer", "type")

@@ -18,7 +18,6 @@ from engine.errors import ConcurrencyError, InterventionError, UnknownRun
 from engine.journal import KIND_CODES, Journal, chain_hash, hash_cell
 from engine.verify import VerifyProblem, VerifyReport
 
-
 # the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
 KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
 
@@ -111,7 +110,9 @@ class JournalContract:
         self.disable_guards(journal)
         forged = ev.encode(ev.ChatMessage(step=1, agent="b", text="forged"))
         self.raw_execute_params(
-            journal, f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = ?", (forged, run, 6)
+            journal,
+            f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = ?",
+            (forged, run, 6),
         )
         problems = run_findings(journal.verify(run))
         assert [(p.run_id, p.seq) for p in problems] == [(run, 6)]

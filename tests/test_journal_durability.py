@@ -147,7 +147,9 @@ def test_cli_bad_input_one_line(
     if setup == "tampered":
         db = sqlite3.connect(p)
         db.execute("DROP TRIGGER events_no_update")
-        db.execute(f"UPDATE events SET payload = x'00' WHERE seq = 2 AND run_key = {KEY_OF}", (run,))
+        db.execute(
+            f"UPDATE events SET payload = x'00' WHERE seq = 2 AND run_key = {KEY_OF}", (run,)
+        )
         db.commit()
     res = car(*args, journal=p)
     assert res.returncode != 0

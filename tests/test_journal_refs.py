@@ -34,7 +34,8 @@ def _stored(path: Path, run: str) -> list[tuple[int, int, bytes]]:
     db = sqlite3.connect(path)
     try:
         return db.execute(
-            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq", (run,)
+            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq",
+            (run,),
         ).fetchall()
     finally:
         db.close()
@@ -170,7 +171,10 @@ def test_tampered_shared_string_names_every_event_built_from_it(
     db = sqlite3.connect(path, isolation_level=None)
     for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
         db.execute(f"DROP TRIGGER {name}")
-    db.execute(f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = ?", (flipped, run, holder))
+    db.execute(
+        f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = ?",
+        (flipped, run, holder),
+    )
     db.close()
     with Journal(path, readonly=True) as j:
         report = verify_journal(j)

@@ -175,7 +175,8 @@ def _not_utf8_label(db: sqlite3.Connection, run: str, _c: str) -> None:
 
 def _payload_as_text(db: sqlite3.Connection, run: str, _c: str) -> None:
     db.execute(
-        f"UPDATE events SET payload = CAST(payload AS TEXT) WHERE run_key = {KEY_OF} AND seq = 3", (run,)
+        f"UPDATE events SET payload = CAST(payload AS TEXT) WHERE run_key = {KEY_OF} AND seq = 3",
+        (run,),
     )
 
 
@@ -338,7 +339,9 @@ def test_rechained_run_found_only_with_anchor(journal: tuple[Path, str, str]) ->
     anchor = anchor_of(path)
     db = raw(path)
     forged = ev.encode(ev.ChatMessage(step=99, agent="b", text="forged"))
-    db.execute(f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = 300", (forged, run))
+    db.execute(
+        f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = 300", (forged, run)
+    )
     rechain(db, run, 300)
     db.close()
     assert findings(check(path)) == set()  # the chain alone is fooled
@@ -492,8 +495,8 @@ def test_postgres_tampering_and_anchor(pg_url: str) -> None:
             c.execute(f"DELETE FROM events WHERE run_key = {KEY_OF_PG}", (child,))
             c.execute("DELETE FROM runs WHERE run_id = %s", (child,))
             rows = c.execute(
-                f"SELECT seq, kind, version, hash FROM events WHERE run_key = {KEY_OF_PG} AND seq >= 30"
-                " ORDER BY seq",
+                "SELECT seq, kind, version, hash FROM events"
+                f" WHERE run_key = {KEY_OF_PG} AND seq >= 30 ORDER BY seq",
                 (run,),
             ).fetchall()
             prev = hash_text(

@@ -132,7 +132,9 @@ def _sqlite_upgrade() -> None:
             raise _refuse(f"event {seq} belongs to run {run_id!r}, which has no row")
         if kind not in _CODE:
             raise _refuse(f"event {seq} of run {run_id!r} has an unknown kind {kind!r}")
-        batch.append((keys[run_id], seq, step, _CODE[kind], version, payload, _digest(run_id, seq, hash_)))
+        batch.append(
+            (keys[run_id], seq, step, _CODE[kind], version, payload, _digest(run_id, seq, hash_))
+        )
     if batch:
         bind.exec_driver_sql(
             "INSERT INTO events_new (run_key, seq, step, kind, version, payload, hash)"
@@ -197,7 +199,9 @@ def _pg_upgrade() -> None:
     op.execute("DROP TABLE events")
     op.execute("ALTER TABLE events_new RENAME TO events")
     op.execute("ALTER TABLE events RENAME CONSTRAINT events_new_pkey TO events_pkey")
-    op.execute("ALTER TABLE events RENAME CONSTRAINT events_new_run_key_fkey TO events_run_key_fkey")
+    op.execute(
+        "ALTER TABLE events RENAME CONSTRAINT events_new_run_key_fkey TO events_run_key_fkey"
+    )
     for table in ("events", "kinds"):
         op.execute(
             f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
@@ -219,4 +223,3 @@ def upgrade() -> None:
 def downgrade() -> None:
     # History is append-only; a downgrade would destroy it, so there is none.
     raise RuntimeError("the journal schema cannot be downgraded")
-
