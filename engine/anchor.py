@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from engine.errors import JournalError
-from engine.journal import HASH_PREFIX, Journal, RunInfo, hash_text
+from engine.journal import HASH_PREFIX, Journal, RunInfo
 
 FORMAT = "car-anchor/1"
 MAC_ALG = "hmac-sha256"
@@ -87,11 +87,8 @@ def _mac(key: bytes, doc: dict[str, Any]) -> str:
 
 def _own_marks(journal: Journal, info: RunInfo, head: int) -> list[list[Any]]:
     start = info.fork_seq or 0
-    rows = journal.query(
-        f"SELECT seq, hash FROM events WHERE {journal.run_col} = ? AND seq >= ? ORDER BY seq",
-        [journal.run_key(info.run_id), start],
-    )
-    return [[int(s), hash_text(h)] for s, h in rows if (int(s) + 1) % MARK_EVERY == 0 and s < head]
+    rows = journal.own_hashes(info.run_id, start)
+    return [[s, h] for s, h in rows if (s + 1) % MARK_EVERY == 0 and s < head]
 
 
 def make_anchor(journal: Journal, key: bytes, created_at: str) -> dict[str, Any]:

@@ -69,6 +69,9 @@ KIND_CODES: dict[str, int] = {
     "run_ended": 10,
 }
 KIND_NAMES: dict[int, str] = {code: name for name, code in KIND_CODES.items()}
+# An event's primary key is run_key * SPAN + seq: a run's events are one range of the rowid
+# B-tree (SQLite), found and appended to without a second index.
+SPAN = 2**32
 
 
 def default_journal_url() -> str:
@@ -291,6 +294,8 @@ class Journal:
         ) >= KNOWN_REVISIONS.index(KEYED_REVISION)
         # the events column that names a row's run, and what it holds (see run_key)
         self.run_col = "run_key" if self.keyed else "run_id"
+        # the column whose order is a run's seq order within one run's rows
+        self._ord = "id" if self.keyed else "seq"
 
     # ------------------------------------------------------------------ setup
 
@@ -570,6 +575,27 @@ class Journal:
             key = self._run_keys[run_id] = int(row[0])
         return key
 
+    def _span(self, cur: Any, run_id: str, lo: int, hi: int | None) -> tuple[str, list[Any]]:
+        """A WHERE clause (and its arguments) for the events of run `run_id` (its own rows)
+        with lo <= seq < hi: a range of the primary key in the keyed layout."""
+        key = self._key(cur, run_id)
+        if self.keyed:
+            base = key * SPAN
+            top = SPAN if hi is None else max(lo, min(hi, SPAN))
+            return "id >= ? AND id < ?", [base + lo, base + top]
+        if hi is None:
+            return "run_id = ? AND seq >= ?", [key, lo]
+        return "run_id = ? AND seq >= ? AND seq < ?", [key, lo, hi]
+
+    def own_hashes(self, run_id: str, start: int = 0) -> list[tuple[int, str]]:
+        """(seq, chain hash) of the run's own events from `start` on, in seq order."""
+        with self._read() as cur:
+            where, args = self._span(cur, run_id, start, None)
+            cur.execute(
+                self._q(f"SELECT seq, hash FROM events WHERE {where} ORDER BY {self._ord}"), args
+            )
+            return [(int(r[0]), hash_text(r[1])) for r in cur.fetchall()]
+
     def run_key(self, run_id: str) -> Any:
         """The value of `run_col` in the events rows of this exact run id (for tools that
         query the store itself, like `engine.anchor`)."""
@@ -639,12 +665,13 @@ class Journal:
 
     def _head(self, cur: Any, run_id: str) -> int:
         """Next free seq of a run (its own events, else its fork point)."""
+        where, args = self._span(cur, run_id, 0, None)
         cur.execute(
-            self._q(f"SELECT max(seq) FROM events WHERE {self.run_col} = ?"),
-            (self._key(cur, run_id),),
+            self._q(f"SELECT seq FROM events WHERE {where} ORDER BY {self._ord} DESC LIMIT 1"),
+            args,
         )
         row = cur.fetchone()
-        if row[0] is not None:
+        if row is not None and row[0] is not None:
             return int(row[0]) + 1
         cur.execute(self._q("SELECT fork_seq FROM runs WHERE run_id = ?"), (run_id,))
         r = cur.fetchone()
@@ -667,10 +694,8 @@ class Journal:
         if seq < 0:
             return ""
         owner = self._owner(run_id, seq)
-        cur.execute(
-            self._q(f"SELECT hash FROM events WHERE {self.run_col} = ? AND seq = ?"),
-            (self._key(cur, owner), seq),
-        )
+        where, args = self._span(cur, owner, seq, seq + 1)
+        cur.execute(self._q(f"SELECT hash FROM events WHERE {where}"), args)
         row = cur.fetchone()
         if row is None:
             raise JournalError(f"run {run_id!r} has no event at seq {seq}")
@@ -738,14 +763,18 @@ class Journal:
         key = self._key(cur, run_id)
         try:
             codes = KIND_CODES
-            cells = [(key, r[1], r[2], codes[r[3]], r[4], r[5], hash_cell(r[6])) for r in rows]
+            base = key * SPAN
+            cells = [
+                (base + r[1], key, r[1], r[2], codes[r[3]], r[4], r[5], hash_cell(r[6]))
+                for r in rows
+            ]
         except KeyError as e:
             raise JournalError(f"event kind {e.args[0]!r} has no code in this journal") from e
         try:
             cur.executemany(
                 self._q(
-                    "INSERT INTO events (run_key, seq, step, kind, version, payload, hash)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
                 cells,
             )
@@ -827,12 +856,13 @@ class Journal:
             if seg.start >= seq and seg.start > 0:
                 continue
             hi = seq if seg.stop is None else min(seq, seg.stop)
+            span, args = self._span(cur, seg.run_id, seg.start, hi)
             cur.execute(
                 self._q(
-                    f"SELECT seq, {columns} FROM events WHERE {self.run_col} = ? AND {where}"
-                    " AND seq >= ? AND seq < ? ORDER BY seq DESC LIMIT ?"
+                    f"SELECT seq, {columns} FROM events WHERE {span} AND {where}"
+                    f" ORDER BY {self._ord} DESC LIMIT ?"
                 ),
-                (self._key(cur, seg.run_id), *where_args, seg.start, hi, limit - len(rows)),
+                (*args, *where_args, limit - len(rows)),
             )
             rows += [(seg.run_id, *r) for r in cur.fetchall()]
             if len(rows) >= limit:
@@ -865,12 +895,8 @@ class Journal:
         if got is not None:
             return got
         with self._read() as cur:
-            cur.execute(
-                self._q(
-                    f"SELECT version, payload FROM events WHERE {self.run_col} = ? AND seq = ?"
-                ),
-                (self._key(cur, owner), seq),
-            )
+            where, args = self._span(cur, owner, seq, seq + 1)
+            cur.execute(self._q(f"SELECT version, payload FROM events WHERE {where}"), args)
             row = cur.fetchone()
         if row is None:
             raise TamperedJournal(
@@ -1029,17 +1055,15 @@ class Journal:
             yield from self._read_segment(seg.run_id, lo, hi)
 
     def _read_segment(self, run_id: str, lo: int, hi: int | None) -> Iterator[StoredEvent]:
-        sql = (
-            "SELECT seq, step, kind, version, payload, hash FROM events"
-            f" WHERE {self.run_col} = ? AND seq >= ?"
-        )
-        args: list[Any] = [lo]
-        if hi is not None:
-            sql += " AND seq < ?"
-            args.append(hi)
-        sql += " ORDER BY seq"
         with self._read() as cur:
-            cur.execute(self._q(sql), [self._key(cur, run_id), *args])
+            where, args = self._span(cur, run_id, lo, hi)
+            cur.execute(
+                self._q(
+                    "SELECT seq, step, kind, version, payload, hash FROM events"
+                    f" WHERE {where} ORDER BY {self._ord}"
+                ),
+                args,
+            )
             rows = cur.fetchall()
         for seq, step, kind, version, stored, hash_ in rows:
             # v3 and v4 store references (to texts, to earlier events): resolve them
@@ -1065,13 +1089,15 @@ class Journal:
             hi = _min_opt(stop, seg.stop)
             if hi is not None and lo >= hi:
                 continue
-            sql = f"SELECT seq, version, payload FROM events WHERE {self.run_col} = ? AND seq >= ?"
-            args: list[Any] = [lo]
-            if hi is not None:
-                sql += " AND seq < ?"
-                args.append(hi)
             with self._read() as cur:
-                cur.execute(self._q(sql + " ORDER BY seq"), [self._key(cur, seg.run_id), *args])
+                where, args = self._span(cur, seg.run_id, lo, hi)
+                cur.execute(
+                    self._q(
+                        f"SELECT seq, version, payload FROM events WHERE {where}"
+                        f" ORDER BY {self._ord}"
+                    ),
+                    args,
+                )
                 rows = [(seg.run_id, *r) for r in cur.fetchall()]
             self._recent_src = rows  # what _load looks in first (built on its first use)
             try:
@@ -1097,12 +1123,14 @@ class Journal:
         lineage = self.lineage(run_id)
         with self._read() as cur:
             for seg in lineage:
-                sql = f"SELECT seq FROM events WHERE {self.run_col} = ? AND seq >= ?"
-                args: list[Any] = [self._key(cur, seg.run_id), seg.start]
-                if seg.stop is not None:
-                    sql += " AND seq < ?"
-                    args.append(seg.stop)
-                cur.execute(self._q(sql + " AND step >= ? ORDER BY seq LIMIT 1"), [*args, step])
+                where, args = self._span(cur, seg.run_id, seg.start, seg.stop)
+                cur.execute(
+                    self._q(
+                        f"SELECT seq FROM events WHERE {where} AND step >= ?"
+                        f" ORDER BY {self._ord} LIMIT 1"
+                    ),
+                    [*args, step],
+                )
                 row = cur.fetchone()
                 if row and row[0] is not None:
                     return int(row[0])
@@ -1111,14 +1139,15 @@ class Journal:
     def last_stepped(self, run_id: str) -> tuple[int, int] | None:
         """(step, seq) of the last event that belongs to a step, None if there is none."""
         for seg in reversed(self.lineage(run_id)):
-            sql = f"SELECT step, seq FROM events WHERE {self.run_col} = ? AND seq >= ?"
-            args: list[Any] = [seg.start]
-            if seg.stop is not None:
-                sql += " AND seq < ?"
-                args.append(seg.stop)
-            sql += " AND step IS NOT NULL ORDER BY seq DESC LIMIT 1"
             with self._read() as cur:
-                cur.execute(self._q(sql), [self._key(cur, seg.run_id), *args])
+                where, args = self._span(cur, seg.run_id, seg.start, seg.stop)
+                cur.execute(
+                    self._q(
+                        f"SELECT step, seq FROM events WHERE {where} AND step IS NOT NULL"
+                        f" ORDER BY {self._ord} DESC LIMIT 1"
+                    ),
+                    args,
+                )
                 row = cur.fetchone()
             if row is not None:
                 return int(row[0]), int(row[1])
@@ -1268,21 +1297,27 @@ def _migrate_sqlite(conn: sqlite3.Connection, where: str) -> None:
     from sqlalchemy import create_engine
     from sqlalchemy.pool import StaticPool
 
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if _revision_of(names, conn.execute, where) != HEAD_REVISION:
-            eng = create_engine(
-                "sqlite://", creator=lambda: conn, poolclass=StaticPool, pool_reset_on_return=None
-            )
-            with eng.connect() as sa_conn:
+    eng = create_engine(
+        "sqlite://", creator=lambda: conn, poolclass=StaticPool, pool_reset_on_return=None
+    )
+    # connect first: SQLAlchemy's first connect ends with a ROLLBACK, which would end a
+    # transaction begun before it and leave every later statement to autocommit on its own
+    with eng.connect() as sa_conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            names = {
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if _revision_of(names, conn.execute, where) != HEAD_REVISION:
+                # one Alembic transaction for all revisions (migrations/env.py): its commit
+                # is this transaction's
                 _alembic_upgrade(sa_conn)
-        if conn.in_transaction:
-            conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
 
 def _create_sqlite_journal(path: Path) -> None:

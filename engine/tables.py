@@ -5,8 +5,8 @@ Layout (see docs/decisions.md, entries 1-38):
   runs       one immutable row per run; a fork points at its parent and the parent's seq where it
              diverges (copy-on-write: the prefix is read through the pointer, never copied).
              run_id is the public name; run_key the INTEGER that events rows carry.
-  events     one immutable row per event: (run_key, seq) is the key and the concurrency control
-             (WITHOUT ROWID on SQLite: one B-tree, no step index); payload is the msgpack
+  events     one immutable row per event: id = run_key * 2**32 + seq is the key and the
+             concurrency control (SQLite's rowid: one B-tree, no step index); payload is the msgpack
              encoding of the event; hash chains the run, stored as the digest's 32 raw bytes
              ("b2:<hex>" is made on read); kind is a code from `kinds`.
   kinds      event kind codes -> names, written by the migration that introduced them.
@@ -20,10 +20,20 @@ Layout (see docs/decisions.md, entries 1-38):
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, ForeignKey, Integer, LargeBinary, MetaData
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+)
 from sqlmodel import Field, SQLModel
 
 metadata: MetaData = SQLModel.metadata
+SPAN = 2**32  # engine.journal.SPAN (not imported: this module is only for the schema tools)
 
 
 class RunRow(SQLModel, table=True):
@@ -44,12 +54,20 @@ class RunRow(SQLModel, table=True):
 
 class EventRow(SQLModel, table=True):
     __tablename__ = "events"
-    __table_args__ = {"sqlite_with_rowid": False}
-
-    run_key: int = Field(
-        sa_column=Column(Integer, ForeignKey("runs.run_key"), primary_key=True, autoincrement=False)
+    __table_args__ = (
+        CheckConstraint(
+            f"seq >= 0 AND seq < {SPAN} AND id = run_key * {SPAN} + seq", name="events_key"
+        ),
     )
-    seq: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+
+    # run_key * 2**32 + seq: on SQLite the rowid, so the table is one B-tree
+    id: int = Field(
+        sa_column=Column(
+            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+        )
+    )
+    run_key: int = Field(sa_column=Column(Integer, ForeignKey("runs.run_key"), nullable=False))
+    seq: int = Field(sa_column=Column(Integer, nullable=False))
     step: int | None = Field(default=None)
     kind: int = Field(sa_column=Column(Integer, nullable=False))
     version: int

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
-from engine.journal import HASH_PREFIX, KIND_NAMES, Journal, chain_hash
+from engine.journal import HASH_PREFIX, KIND_NAMES, SPAN, Journal, chain_hash
 
 EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
     "runs": (
@@ -40,7 +40,7 @@ EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
 # the integer-keyed layout (revision 0005 on, docs/decisions.md entry 38)
 KEYED_COLUMNS: dict[str, tuple[str, ...]] = {
     "runs": ("run_key", *EXPECTED_COLUMNS["runs"]),
-    "events": ("run_key", "seq", "step", "kind", "version", "payload", "hash"),
+    "events": ("id", "run_key", "seq", "step", "kind", "version", "payload", "hash"),
     "snapshots": EXPECTED_COLUMNS["snapshots"],
     "texts": EXPECTED_COLUMNS["texts"],
     "kinds": ("code", "name"),
@@ -149,7 +149,6 @@ class _Checker:
         self.j = journal
         self.sqlite = journal.is_sqlite
         self.keyed = journal.keyed
-        self.col = journal.run_col
         self.problems: list[VerifyProblem] = []
         self.notes: list[str] = []
         self.events_checked = 0
@@ -470,12 +469,20 @@ class _Checker:
                 break
         return info.run_id if info is not None else rid
 
-    def load_row(self, rid: str, seq: int) -> tuple[int, bytes]:
+    def span(self, rid: str, lo: int, hi: int) -> tuple[str, list[Any]]:
+        """WHERE clause and arguments for run `rid`'s own rows with lo <= seq < hi: a range of
+        the primary key when the run row holds an integer key."""
         info = self.runs.get(rid)
-        rows = self.query(
-            f"SELECT version, {self.raw('payload')} FROM events WHERE {self.col} = ? AND seq = ?",
-            [info.key if info is not None else rid, seq],
-        )
+        key = info.key if info is not None else rid
+        if not self.keyed:
+            return "run_id = ? AND seq >= ? AND seq < ?", [rid, lo, hi]
+        if isinstance(key, int):
+            return "id >= ? AND id < ?", [key * SPAN + lo, key * SPAN + min(hi, SPAN)]
+        return "run_key = ? AND seq >= ? AND seq < ?", [key, lo, hi]
+
+    def load_row(self, rid: str, seq: int) -> tuple[int, bytes]:
+        where, args = self.span(rid, seq, seq + 1)
+        rows = self.query(f"SELECT version, {self.raw('payload')} FROM events WHERE {where}", args)
         if not rows:
             raise ValueError(f"it refers to event {seq} of run {rid}, which is missing")
         return int(rows[0][0]), bytes(rows[0][1] or b"")
@@ -528,12 +535,13 @@ class _Checker:
                 )
             elif prev is None:
                 self.add(rid, start - 1, "fork point missing from the parent", "fork_point")
+        where, args = self.span(rid, 0, SPAN)
         rows = self.query(
             f"SELECT seq, {self.typeof('seq')}, step, {self.typeof('step')},"
             f" {'kind' if self.keyed else self.raw('kind')}, version, {self.typeof('payload')},"
             f" {self.raw('payload')}, {self.raw('hash')}, {self.typeof('hash')}"
-            f" FROM events WHERE {self.col} = ? ORDER BY seq",
-            [info.key],
+            f" FROM events WHERE {where} ORDER BY seq",
+            args,
         )
         expected = start
         resync = prev is None  # no known predecessor hash: take the first stored one

@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 
 from engine import events as ev
 from engine.errors import ConcurrencyError, InterventionError, UnknownRun
-from engine.journal import KIND_CODES, Journal, chain_hash, hash_cell
+from engine.journal import KIND_CODES, SPAN, Journal, chain_hash, hash_cell
 from engine.verify import VerifyProblem, VerifyReport
 
 # the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
@@ -222,6 +222,7 @@ class JournalContract:
         import msgspec
 
         run = journal.create_run("test")
+        key = journal.run_key(run)
         payload = msgspec.msgpack.encode(
             {
                 "kind": "tool_result",
@@ -236,9 +237,9 @@ class JournalContract:
         h = chain_hash("", 0, "tool_result", 1, payload)
         self.raw_execute_params(
             journal,
-            "INSERT INTO events (run_key, seq, step, kind, version, payload, hash)"
-            f" VALUES ({KEY_OF}, ?, ?, ?, ?, ?, ?)",
-            (run, 0, 0, KIND_CODES["tool_result"], 1, payload, hash_cell(h)),
+            "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (key * SPAN, key, 0, 0, KIND_CODES["tool_result"], 1, payload, hash_cell(h)),
         )
         (stored,) = list(journal.read(run))
         assert stored.event == ev.ToolResult(

@@ -27,9 +27,12 @@ SQLITE_REWRITES = [
     " SELECT run_key, seq, 99, kind, version, payload, hash FROM events WHERE seq = 1",
     "INSERT OR REPLACE INTO events (run_key, seq, step, kind, version, payload, hash)"
     " VALUES ({k}, 1, 0, 6, 2, x'00', x'00')",
-    "INSERT INTO events (run_key, seq, step, kind, version, payload, hash)"
-    " VALUES ({k}, 1, 0, 6, 2, x'00', x'00')"
-    " ON CONFLICT (run_key, seq) DO UPDATE SET payload = excluded.payload",
+    "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+    " VALUES ({k} * 4294967296 + 1, {k}, 1, 0, 6, 2, x'00', x'00')"
+    " ON CONFLICT (id) DO UPDATE SET payload = excluded.payload",
+    # the key given outright, as the journal writes it
+    "INSERT OR REPLACE INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+    " VALUES ({k} * 4294967296 + 1, {k}, 1, 0, 6, 2, x'00', x'00')",
     "INSERT OR IGNORE INTO events (run_key, seq, step, kind, version, payload, hash)"
     " VALUES ({k}, 1, 0, 6, 2, x'00', x'00')",
     "UPDATE runs SET label = 'x'",
@@ -65,9 +68,9 @@ PG_REWRITES = [
     "DELETE FROM events WHERE run_key = {k} AND seq = 3",
     "DELETE FROM events",
     "TRUNCATE events CASCADE",
-    "INSERT INTO events (run_key, seq, step, kind, version, payload, hash)"
-    " VALUES ({k}, 1, 0, 6, 2, '\\x00', '\\x00')"
-    " ON CONFLICT (run_key, seq) DO UPDATE SET payload = excluded.payload",
+    "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+    " VALUES ({k} * 4294967296 + 1, {k}, 1, 0, 6, 2, '\\x00', '\\x00')"
+    " ON CONFLICT (id) DO UPDATE SET payload = excluded.payload",
     "MERGE INTO events e USING (SELECT {k} AS run_key, 1 AS seq) s"
     " ON e.run_key = s.run_key AND e.seq = s.seq WHEN MATCHED THEN UPDATE SET step = 99",
     "MERGE INTO events e USING (SELECT {k} AS run_key, 1 AS seq) s"

@@ -29,6 +29,7 @@ from engine.journal import (
     HEAD_REVISION,
     KIND_CODES,
     KIND_NAMES,
+    SPAN,
     Journal,
     chain_hash,
 )
@@ -75,7 +76,7 @@ def _every_row(j: Journal) -> list[tuple[str, int, int | None, str, int, str]]:
 
 def _event_kinds() -> set[str]:
     found: set[str] = set()
-    todo = [ev.Event]
+    todo = list(ev.Event.__subclasses__())
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
@@ -100,9 +101,10 @@ def test_every_event_kind_has_the_migrations_code() -> None:
 
 
 def test_new_journal_stores_integer_keyed_rows(tmp_path: Path) -> None:
-    """A new journal's events are one WITHOUT ROWID B-tree with no other index; the cells are
-    integers and 32-byte digests, read back as the "b2:<hex>" chain hash that chain_hash
-    gives; a second row at the same (run, seq) is refused by the database."""
+    """A new journal's events are one B-tree (the rowid is run_key * 2**32 + seq) with no other
+    index; the cells are integers and 32-byte digests, read back as the "b2:<hex>" chain hash
+    that chain_hash gives; a second row at the same (run, seq) is refused by the database, and
+    so is a row whose key disagrees with its run_key and seq."""
     path = tmp_path / "j.db"
     with Journal(path) as j:
         run = j.create_run("s")
@@ -111,25 +113,33 @@ def test_new_journal_stores_integer_keyed_rows(tmp_path: Path) -> None:
         key = j.run_key(run)
     db = sqlite3.connect(path)
     (sql,) = db.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()
-    assert "WITHOUT ROWID" in sql
-    assert db.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events'"
-    ).fetchall() == []
+    assert "id INTEGER NOT NULL PRIMARY KEY" in sql and "WITHOUT ROWID" not in sql
+    assert (
+        db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events'"
+        ).fetchall()
+        == []
+    )
     row = db.execute(
-        "SELECT typeof(run_key), typeof(kind), kind, typeof(hash), length(hash), hash"
+        "SELECT typeof(run_key), typeof(kind), kind, typeof(hash), length(hash), hash, id"
         " FROM events"
     ).fetchone()
+    assert row[6] == key * SPAN
     assert row[:5] == ("integer", "integer", KIND_CODES["control"], "blob", 32)
     want = chain_hash("", 0, "control", stored.version, stored.payload)
     assert stored.hash == want == "b2:" + bytes(row[5]).hex()
-    assert db.execute("SELECT name FROM kinds WHERE code = ?", (row[2],)).fetchone() == (
-        "control",
-    )
-    with pytest.raises(sqlite3.DatabaseError):
+    assert db.execute("SELECT name FROM kinds WHERE code = ?", (row[2],)).fetchone() == ("control",)
+    with pytest.raises(sqlite3.DatabaseError, match="refused"):
         db.execute(
             "INSERT INTO events (run_key, seq, step, kind, version, payload, hash)"
             " VALUES (?, 0, NULL, 1, 4, x'00', x'00')",
             (key,),
+        )
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        db.execute(
+            "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+            " VALUES (?, ?, 1, NULL, 1, 4, x'00', x'00')",
+            (key * SPAN + 7, key),
         )
     db.close()
     with Journal(path) as j, pytest.raises(ConcurrencyError):
@@ -155,7 +165,9 @@ def test_old_fixture_upgrades_with_every_answer_unchanged(tmp_path: Path, name: 
         assert verify_journal(j).ok
     after = _car("--journal", str(path), "verify", "--json")
     assert after.returncode == 0, after.stderr
-    assert json.loads(after.stdout) == json.loads(before.stdout)
+    old, new = json.loads(before.stdout), json.loads(after.stdout)
+    # the one note a revision-0001 journal gets (REPLACE not refused) goes with the upgrade
+    assert new.pop("notes") == [] and {**old, "notes": []} == {**new, "notes": []}
     db = sqlite3.connect(path)
     assert {r[0] for r in db.execute("SELECT DISTINCT typeof(hash) FROM events")} == {"blob"}
     with pytest.raises(sqlite3.DatabaseError, match="refused"):
@@ -168,7 +180,8 @@ def test_old_fixture_upgrades_with_every_answer_unchanged(tmp_path: Path, name: 
 def test_damaged_old_journal_is_refused_whole(tmp_path: Path) -> None:
     """A v3 journal holding an event whose run has no row cannot be copied into the keyed
     layout: opening it for writing is refused with one line naming the event, and it stays
-    at its revision, readable as before; the command line says so without a traceback."""
+    at its revision, readable as before (read-only commands still work); `car db upgrade`
+    says so on one line without a traceback."""
     path = tmp_path / "v3.db"
     shutil.copy(FIXTURES / "journal_v3.db", path)
     db = sqlite3.connect(path, isolation_level=None)
@@ -179,12 +192,13 @@ def test_damaged_old_journal_is_refused_whole(tmp_path: Path) -> None:
         " WHERE seq = 0 LIMIT 1"
     )
     db.close()
-    with pytest.raises(TamperedJournal, match="cannot upgrade.*'ghost', which has no row"):
+    with pytest.raises(TamperedJournal, match=r"cannot upgrade.*'ghost', which has no row"):
         Journal(path)
     with Journal(path, readonly=True) as j:
         assert j.revision == "0003_texts"
         assert len(j.runs()) == 3
-    res = _car("--journal", str(path), "runs")
+    assert _car("--journal", str(path), "runs").returncode == 0
+    res = _car("--journal", str(path), "db", "upgrade")
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "cannot upgrade" in res.stderr
@@ -204,7 +218,7 @@ def test_v5_fixture_known_answers(tmp_path: Path, readonly: bool) -> None:
         assert verify_journal(j).ok
     # the literal, so a change of both the fixture and the expected file shows in review
     assert expected["runs"]["v5run0000000"]["last_hash"] == (
-        "b2:9eb7fd58cdaef6a48b9a2022788e344ced08fe13c840305134f39d8db8ee6f4d"
+        "b2:3e8c006363b08475fdf77bbeabe0df18658861aac9f92abd154111fb385bd782"
     )
     res = _car("--journal", str(path), "verify", "--json")
     assert res.returncode == 0 and json.loads(res.stdout) == expected["verify"]
@@ -279,7 +293,8 @@ def test_payload_cells_are_what_the_reader_resolves(tmp_path: Path) -> None:
         key = j.run_key("v5run0000000")
     db = sqlite3.connect(path)
     for seq, kind, stored in db.execute(
-        "SELECT seq, kind, payload FROM events WHERE run_key = ? ORDER BY seq", (key,)
+        "SELECT seq, kind, payload FROM events WHERE id >= ? AND id < ? ORDER BY id",
+        (key * SPAN, (key + 1) * SPAN),
     ):
         msgspec.msgpack.decode(stored, type=Any)
         assert KIND_NAMES[kind] == read[seq].kind == ev.kind_of(read[seq].event)

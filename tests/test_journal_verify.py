@@ -126,8 +126,8 @@ def _kind_column(db: sqlite3.Connection, run: str, _c: str) -> None:
 def _orphan_events(db: sqlite3.Connection, run: str, _c: str) -> None:
     db.execute("PRAGMA foreign_keys = OFF")
     db.execute(
-        "INSERT INTO events SELECT 999, seq, step, kind, version, payload, hash FROM events"
-        f" WHERE run_key = {KEY_OF} AND seq < 4",
+        "INSERT INTO events SELECT 999 * 4294967296 + seq, 999, seq, step, kind, version,"
+        f" payload, hash FROM events WHERE run_key = {KEY_OF} AND seq < 4",
         (run,),
     )
 

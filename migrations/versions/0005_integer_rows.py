@@ -1,4 +1,4 @@
-"""Integer-keyed event rows: runs get an INTEGER key, events are keyed by (run_key, seq).
+"""Integer-keyed event rows: runs get an INTEGER key, an event's key is run_key * 2**32 + seq.
 
 Why (docs/decisions.md, entry 38): with v4 payloads the events row itself had become most of
 a recorded step. Each row held the run id as text (again in the primary key's autoindex), the
@@ -7,14 +7,17 @@ SQLite (the rowid table, the (run_id, seq) autoindex and the step index). Now:
 
   runs    run_key INTEGER PRIMARY KEY AUTOINCREMENT (SQLite; an identity column on PostgreSQL),
           run_id stays the public, UNIQUE name every command and API speaks;
-  events  (run_key, seq) PRIMARY KEY, a WITHOUT ROWID table on SQLite (one B-tree);
+  events  id INTEGER PRIMARY KEY = run_key * 2**32 + seq (a CHECK ties the three), so on
+          SQLite the table is its rowid B-tree and nothing else: a run's events are one range
+          of it, appended at its end; run_key and seq stay columns for anyone who queries.
           kind a small integer (its names in `kinds`), hash the 32 raw bytes of the blake2b
           digest (the "b2:<hex>" text is made on read), no step index (a step is found by
-          scanning the run's rows in seq order; steps grow with seq);
+          walking the run's range in seq order; steps grow with seq);
   kinds   code -> event kind name, written here once; history like the rest.
 
 The chain hash's input does not change, so every stored hash keeps its value; only its storage
-does. `(run_id, seq)` stays unique through (run_key, seq) and the UNIQUE run_id. The triggers
+does. `(run_id, seq)` stays unique: run_id is UNIQUE, and id (the primary key) is a function
+of (run_key, seq) by the CHECK. The triggers
 that refuse UPDATE, DELETE, REPLACE/UPSERT (and TRUNCATE on PostgreSQL) are made again on the
 new tables under their old names, and on `kinds`.
 
@@ -54,6 +57,7 @@ KINDS = (
 )
 _CODE = {name: code for code, name in KINDS}
 _PREFIX = "b2:"
+SPAN = 4294967296  # 2**32: the seqs of one run's key
 
 _RUN_COLUMNS = "run_id, parent_run_id, fork_seq, root_run_id, scenario, created_at, label"
 
@@ -113,14 +117,15 @@ def _sqlite_upgrade() -> None:
     )
     op.execute(
         "CREATE TABLE events_new ("
-        "run_key INTEGER NOT NULL REFERENCES runs (run_key),"
+        "id INTEGER NOT NULL PRIMARY KEY,"
+        " run_key INTEGER NOT NULL REFERENCES runs (run_key),"
         " seq INTEGER NOT NULL,"
         " step INTEGER,"
         " kind INTEGER NOT NULL,"
         " version INTEGER NOT NULL,"
         " payload BLOB NOT NULL,"
         " hash BLOB NOT NULL,"
-        " PRIMARY KEY (run_key, seq)) WITHOUT ROWID"
+        f" CHECK (seq >= 0 AND seq < {SPAN} AND id = run_key * {SPAN} + seq))"
     )
     keys = dict(bind.exec_driver_sql("SELECT run_id, run_key FROM runs_new").fetchall())
     rows = bind.exec_driver_sql(
@@ -132,13 +137,13 @@ def _sqlite_upgrade() -> None:
             raise _refuse(f"event {seq} belongs to run {run_id!r}, which has no row")
         if kind not in _CODE:
             raise _refuse(f"event {seq} of run {run_id!r} has an unknown kind {kind!r}")
-        batch.append(
-            (keys[run_id], seq, step, _CODE[kind], version, payload, _digest(run_id, seq, hash_))
-        )
+        key = keys[run_id]
+        digest = _digest(run_id, seq, hash_)
+        batch.append((key * SPAN + seq, key, seq, step, _CODE[kind], version, payload, digest))
     if batch:
         bind.exec_driver_sql(
-            "INSERT INTO events_new (run_key, seq, step, kind, version, payload, hash)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO events_new (id, run_key, seq, step, kind, version, payload, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             batch,
         )
     # the old tables' triggers and indexes go with them
@@ -148,7 +153,8 @@ def _sqlite_upgrade() -> None:
     op.execute("ALTER TABLE events_new RENAME TO events")
     op.execute("CREATE INDEX ix_runs_root_run_id ON runs (root_run_id)")
     for stmt in (
-        _sqlite_guards("events", "run_key = NEW.run_key AND seq = NEW.seq")
+        # looked up by the primary key the CHECK ties to (run_key, seq)
+        _sqlite_guards("events", f"id = NEW.run_key * {SPAN} + NEW.seq")
         # a REPLACE may collide on either of the runs' two unique keys
         + _sqlite_guards("runs", "run_id = NEW.run_id OR run_key = NEW.run_key")
         + _sqlite_guards("kinds", "code = NEW.code OR name = NEW.name")
@@ -170,14 +176,17 @@ def _pg_upgrade() -> None:
     op.execute("ALTER TABLE runs ADD CONSTRAINT runs_run_key_key UNIQUE (run_key)")
     op.execute(
         "CREATE TABLE events_new ("
-        "run_key INTEGER NOT NULL REFERENCES runs (run_key),"
-        " seq INTEGER NOT NULL,"
+        "id BIGINT NOT NULL,"
+        " run_key INTEGER NOT NULL REFERENCES runs (run_key),"
+        " seq BIGINT NOT NULL,"
         " step INTEGER,"
         " kind INTEGER NOT NULL,"
         " version INTEGER NOT NULL,"
         " payload BYTEA NOT NULL,"
         " hash BYTEA NOT NULL,"
-        " CONSTRAINT events_new_pkey PRIMARY KEY (run_key, seq))"
+        " CONSTRAINT events_new_pkey PRIMARY KEY (id),"
+        f" CONSTRAINT events_key CHECK (seq >= 0 AND seq < {SPAN}"
+        f" AND id = run_key::bigint * {SPAN} + seq))"
     )
     bad = bind.exec_driver_sql(
         "SELECT e.run_id, e.seq, e.kind, e.hash FROM events e"
@@ -191,8 +200,9 @@ def _pg_upgrade() -> None:
         _digest(run_id, seq, hash_)
         raise _refuse(f"event {seq} belongs to run {run_id!r}, which has no row")
     op.execute(
-        "INSERT INTO events_new (run_key, seq, step, kind, version, payload, hash)"
-        " SELECT r.run_key, e.seq, e.step, k.code, e.version, e.payload,"
+        "INSERT INTO events_new (id, run_key, seq, step, kind, version, payload, hash)"
+        f" SELECT r.run_key::bigint * {SPAN} + e.seq, r.run_key, e.seq, e.step, k.code,"
+        " e.version, e.payload,"
         " decode(substr(e.hash, 4), 'hex') FROM events e"
         " JOIN runs r ON r.run_id = e.run_id JOIN kinds k ON k.name = e.kind"
     )
