@@ -55,7 +55,7 @@ from common import (
 
 from engine import events as ev
 from engine import state as st
-from engine.journal import KIND_CODES, Journal, chain_hash, chain_rows, hash_cell
+from engine.journal import KIND_CODES, SPAN, Journal, chain_hash, chain_rows, hash_cell
 
 AGENTS = ["alice", "bob", "carol", "dave"]
 PAYLOAD_TARGET = 1024  # encoded bytes per step event, approximately
@@ -172,14 +172,17 @@ def _file_bytes(path: Path) -> int:
 # ------------------------------------------------------------------ 1. append
 
 # the journal's own layout (migrations/versions/0005_integer_rows.py), without its triggers
+# (the BEFORE INSERT one is a primary-key probe per row)
 FLOOR_DDL = [
     "CREATE TABLE runs (run_key INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,"
     " run_id VARCHAR(64) NOT NULL, parent_run_id VARCHAR(64) REFERENCES runs (run_id),"
     " fork_seq INTEGER, root_run_id VARCHAR(64) NOT NULL, scenario VARCHAR(64) NOT NULL,"
     " created_at VARCHAR(40) NOT NULL, label VARCHAR(200) NOT NULL, UNIQUE (run_id))",
-    "CREATE TABLE events (run_key INTEGER NOT NULL REFERENCES runs (run_key),"
-    " seq INTEGER NOT NULL, step INTEGER, kind INTEGER NOT NULL, version INTEGER NOT NULL,"
-    " payload BLOB NOT NULL, hash BLOB NOT NULL, PRIMARY KEY (run_key, seq)) WITHOUT ROWID",
+    "CREATE TABLE events (id INTEGER NOT NULL PRIMARY KEY,"
+    " run_key INTEGER NOT NULL REFERENCES runs (run_key), seq INTEGER NOT NULL, step INTEGER,"
+    " kind INTEGER NOT NULL, version INTEGER NOT NULL, payload BLOB NOT NULL,"
+    " hash BLOB NOT NULL, CHECK (seq >= 0 AND seq < 4294967296"
+    " AND id = run_key * 4294967296 + seq))",
 ]
 
 
@@ -192,7 +195,12 @@ def precompute_rows(
     for events in steps:
         rows = chain_rows(run_id, events, seq, prev)
         # as the journal stores them: run key 1, kind code, the digest's bytes
-        out.append([(1, r[1], r[2], KIND_CODES[r[3]], r[4], r[5], hash_cell(r[6])) for r in rows])
+        out.append(
+            [
+                (SPAN + r[1], 1, r[1], r[2], KIND_CODES[r[3]], r[4], r[5], hash_cell(r[6]))
+                for r in rows
+            ]
+        )
         seq += len(rows)
         prev = rows[-1][6]
     return out
@@ -251,12 +259,12 @@ def bench_floor_append(path: Path, steps: Sequence[Sequence[ev.Event]]) -> float
             "INSERT INTO runs VALUES (1, ?, NULL, NULL, ?, 'bench', '2026-01-01', '')", (run, run)
         )
         conn.execute(
-            "INSERT INTO events VALUES (1, 0, NULL, ?, ?, ?, ?)",
-            (KIND_CODES["run_started"], ev.SCHEMA_VERSION, first, hash_cell(h0)),
+            "INSERT INTO events VALUES (?, 1, 0, NULL, ?, ?, ?, ?)",
+            (SPAN, KIND_CODES["run_started"], ev.SCHEMA_VERSION, first, hash_cell(h0)),
         )
         sql = (
-            "INSERT INTO events (run_key, seq, step, kind, version, payload, hash)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
         cur = conn.cursor()
         n = 0
