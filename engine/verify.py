@@ -539,7 +539,8 @@ class _Checker:
         rows = self.query(
             f"SELECT seq, {self.typeof('seq')}, step, {self.typeof('step')},"
             f" {'kind' if self.keyed else self.raw('kind')}, version, {self.typeof('payload')},"
-            f" {self.raw('payload')}, {self.raw('hash')}, {self.typeof('hash')}"
+            f" {self.raw('payload')}, {self.raw('hash')}, {self.typeof('hash')},"
+            f" {'id, run_key' if self.keyed else 'NULL, NULL'}"
             f" FROM events WHERE {where} ORDER BY seq",
             args,
         )
@@ -556,6 +557,8 @@ class _Checker:
             payload,
             hash_raw,
             htype,
+            row_id,
+            row_key,
         ) in rows:
             self.events_checked += 1
             if not isinstance(seq, int) or (self.sqlite and seq_type != "integer"):
@@ -574,6 +577,14 @@ class _Checker:
                 expected = seq
                 resync = True
             if self.keyed:
+                # the CHECK that ties them can be switched off (ignore_check_constraints)
+                if not isinstance(row_key, int) or row_id != row_key * SPAN + seq:
+                    self.add(
+                        rid,
+                        seq,
+                        f"row key {row_id!r} disagrees with its run_key {row_key!r} and seq",
+                        "key",
+                    )
                 kind, stored_hash = self.keyed_cells(rid, seq, kind_raw, hash_raw, htype)
             else:
                 kind, kind_ok = _text(kind_raw)

@@ -161,6 +161,11 @@ def _run_key_moved(db: sqlite3.Connection, run: str, _c: str) -> None:
     db.execute("UPDATE runs SET run_key = 500 WHERE run_id = ?", (run,))
 
 
+def _key_disagrees(db: sqlite3.Connection, run: str, _c: str) -> None:
+    db.execute("PRAGMA ignore_check_constraints = ON")
+    db.execute(f"UPDATE events SET seq = 70 WHERE run_key = {KEY_OF} AND seq = 7", (run,))
+
+
 def _kind_renamed(db: sqlite3.Connection, _r: str, _c: str) -> None:
     db.execute("UPDATE kinds SET name = 'forged' WHERE code = 6")
 
@@ -228,6 +233,7 @@ CORPUS: list[tuple[str, Tamper, set[tuple[str | None, int | None, str]]]] = [
     ("hash cell is text", _hash_as_text, {("R", 4, "type")}),
     # the run row now names key 500; its events still carry the old key
     ("run key points nowhere", _run_key_moved, {(None, 0, "orphan"), ("C", 100, "fork_point")}),
+    ("row key disagrees with run_key and seq", _key_disagrees, {("R", 70, "key")}),
     ("kind renamed", _kind_renamed, {(None, None, "kinds")}),
     ("kind code dropped", _kind_dropped, {(None, None, "kinds")}),
     ("label not UTF-8", _not_utf8_label, {("R", None, "encoding")}),
