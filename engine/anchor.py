@@ -87,11 +87,8 @@ def _mac(key: bytes, doc: dict[str, Any]) -> str:
 
 def _own_marks(journal: Journal, info: RunInfo, head: int) -> list[list[Any]]:
     start = info.fork_seq or 0
-    rows = journal.query(
-        "SELECT seq, hash FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq",
-        [info.run_id, start],
-    )
-    return [[int(s), str(h)] for s, h in rows if (int(s) + 1) % MARK_EVERY == 0 and s < head]
+    rows = journal.own_hashes(info.run_id, start)
+    return [[s, h] for s, h in rows if (s + 1) % MARK_EVERY == 0 and s < head]
 
 
 def make_anchor(journal: Journal, key: bytes, created_at: str) -> dict[str, Any]:

@@ -47,8 +47,31 @@ KNOWN_REVISIONS = (
     "0002_refuse_rewrites",
     "0003_texts",
     "0004_event_refs",
+    "0005_integer_rows",
 )
 HEAD_REVISION = KNOWN_REVISIONS[-1]
+# From this revision on events are keyed by (run_key, seq) with kind as a code and the hash as
+# its 32 raw bytes (docs/decisions.md, entry 38); journals at older revisions, opened read-only,
+# are read in their own layout.
+KEYED_REVISION = "0005_integer_rows"
+# The `kinds` table's rows (migrations/versions/0005_integer_rows.py writes the same): a new
+# event kind gets its code in a new revision, never a reused one.
+KIND_CODES: dict[str, int] = {
+    "run_started": 1,
+    "mole_assigned": 2,
+    "llm_call": 3,
+    "tool_call": 4,
+    "tool_result": 5,
+    "chat_message": 6,
+    "intervention": 7,
+    "control": 8,
+    "suspicion_declared": 9,
+    "run_ended": 10,
+}
+KIND_NAMES: dict[int, str] = {code: name for name, code in KIND_CODES.items()}
+# An event's primary key is run_key * SPAN + seq: a run's events are one range of the rowid
+# B-tree (SQLite), found and appended to without a second index.
+SPAN = 2**32
 
 
 def default_journal_url() -> str:
@@ -74,6 +97,20 @@ def chain_hash(prev: str, seq: int, kind: str, version: int, payload: bytes) -> 
     h.update(b"\x00")
     h.update(payload)
     return HASH_PREFIX + h.hexdigest()
+
+
+def hash_text(cell: Any) -> str:
+    """The public form ("b2:<hex>") of a stored hash cell: 32 raw bytes in the integer-keyed
+    layout, already text in the older one."""
+    if isinstance(cell, str):
+        return cell
+    return HASH_PREFIX + bytes(cell).hex()
+
+
+def hash_cell(text: str) -> bytes:
+    """The stored form of a chain hash: the digest's 32 bytes (the prefix names the algorithm,
+    which the schema revision fixes)."""
+    return bytes.fromhex(text[len(HASH_PREFIX) :])
 
 
 EventRow = tuple[str, int, int | None, str, int, bytes, str]
@@ -230,6 +267,7 @@ class Journal:
         self._wall = wall
         self._lock = threading.RLock()
         self._lineage_cache: dict[str, list[Segment]] = {}
+        self._run_keys: dict[str, int] = {}
         self._head_hash: dict[str, tuple[int, str]] = {}
         self._known_texts: set[bytes] = set()
         self._pending_texts: dict[bytes, bytes] = {}
@@ -248,7 +286,16 @@ class Journal:
             self._conn: Any = self._open_sqlite(create and not readonly, upgrade)
         else:
             self.path = None
-            self._conn = self._open_server(create and not readonly, upgrade)
+            self._conn = self._open_server(create and not readonly, upgrade and not readonly)
+        # the row layout: integer-keyed from KEYED_REVISION on (the only one written), else
+        # the text-keyed one of older journals opened read-only
+        self.keyed = self.revision is not None and KNOWN_REVISIONS.index(
+            self.revision
+        ) >= KNOWN_REVISIONS.index(KEYED_REVISION)
+        # the events column that names a row's run, and what it holds (see run_key)
+        self.run_col = "run_key" if self.keyed else "run_id"
+        # the column whose order is a run's seq order within one run's rows
+        self._ord = "id" if self.keyed else "seq"
 
     # ------------------------------------------------------------------ setup
 
@@ -335,7 +382,7 @@ class Journal:
         try:
             current = self._server_revision(raw)
             if (current is None and create) or (
-                current is not None and current != HEAD_REVISION and upgrade and create
+                current is not None and current != HEAD_REVISION and upgrade
             ):
                 raw.rollback()
                 self._migrate_server()
@@ -488,14 +535,18 @@ class Journal:
         )
 
     def _run_row(self, cur: Any, run_id: str) -> RunInfo:
+        key = ", run_key" if self.keyed else ""
         cur.execute(
             self._q(
                 "SELECT run_id, parent_run_id, fork_seq, root_run_id, scenario, created_at, label"
-                " FROM runs WHERE run_id = ?"
+                f"{key} FROM runs WHERE run_id = ?"
             ),
             (run_id,),
         )
         row = cur.fetchone()
+        if row is not None and self.keyed:
+            self._run_keys[row[0]] = int(row[7])
+            row = row[:7]
         if row is None:
             cur.execute(
                 self._q("SELECT run_id FROM runs WHERE run_id LIKE ? ORDER BY run_id LIMIT 3"),
@@ -508,6 +559,64 @@ class Journal:
                 raise UnknownRun(f"run id prefix {run_id!r} is ambiguous: {found!r}")
             raise UnknownRun(f"unknown run id {run_id!r} (see `car runs`)")
         return RunInfo(*row)
+
+    def _key(self, cur: Any, run_id: str) -> Any:
+        """What the events rows of run `run_id` hold in `run_col`: its integer run_key
+        (looked up once: runs rows are immutable), or the run id itself in the older layout.
+        UnknownRun when the run has no row."""
+        if not self.keyed:
+            return run_id
+        key = self._run_keys.get(run_id)
+        if key is None:
+            cur.execute(self._q("SELECT run_key FROM runs WHERE run_id = ?"), (run_id,))
+            row = cur.fetchone()
+            if row is None:
+                raise UnknownRun(f"unknown run id {run_id!r} (see `car runs`)")
+            key = self._run_keys[run_id] = int(row[0])
+        return key
+
+    def _span(self, cur: Any, run_id: str, lo: int, hi: int | None) -> tuple[str, list[Any]]:
+        """A WHERE clause (and its arguments) for the events of run `run_id` (its own rows)
+        with lo <= seq < hi: a range of the primary key in the keyed layout."""
+        key = self._key(cur, run_id)
+        if self.keyed:
+            base = key * SPAN
+            top = SPAN if hi is None else max(lo, min(hi, SPAN))
+            return "id >= ? AND id < ?", [base + lo, base + top]
+        if hi is None:
+            return "run_id = ? AND seq >= ?", [key, lo]
+        return "run_id = ? AND seq >= ? AND seq < ?", [key, lo, hi]
+
+    def own_hashes(self, run_id: str, start: int = 0) -> list[tuple[int, str]]:
+        """(seq, chain hash) of the run's own events from `start` on, in seq order."""
+        with self._read() as cur:
+            where, args = self._span(cur, run_id, start, None)
+            cur.execute(
+                self._q(f"SELECT seq, hash FROM events WHERE {where} ORDER BY {self._ord}"), args
+            )
+            return [(int(r[0]), hash_text(r[1])) for r in cur.fetchall()]
+
+    def run_key(self, run_id: str) -> Any:
+        """The value of `run_col` in the events rows of this exact run id (for tools that
+        query the store itself, like `engine.anchor`)."""
+        with self._read() as cur:
+            return self._key(cur, run_id)
+
+    def _kind(self, cell: Any, run_id: str, seq: int) -> str:
+        """An event kind by its stored cell (a code, or text in the older layout)."""
+        if isinstance(cell, str):
+            return cell
+        name = KIND_NAMES.get(cell)
+        if name is None:
+            raise TamperedJournal(
+                f"event {seq} of run {run_id!r} in {self._where()} has an unknown kind code"
+                f" {cell!r} (see `car verify`)"
+            )
+        return name
+
+    def kind_cell(self, kind: str) -> Any:
+        """What the events table holds for an event kind in this journal's layout."""
+        return KIND_CODES[kind] if self.keyed else kind
 
     def run(self, run_id: str) -> RunInfo:
         """The run with this id or unique id prefix; UnknownRun otherwise."""
@@ -556,9 +665,13 @@ class Journal:
 
     def _head(self, cur: Any, run_id: str) -> int:
         """Next free seq of a run (its own events, else its fork point)."""
-        cur.execute(self._q("SELECT max(seq) FROM events WHERE run_id = ?"), (run_id,))
+        where, args = self._span(cur, run_id, 0, None)
+        cur.execute(
+            self._q(f"SELECT seq FROM events WHERE {where} ORDER BY {self._ord} DESC LIMIT 1"),
+            args,
+        )
         row = cur.fetchone()
-        if row[0] is not None:
+        if row is not None and row[0] is not None:
             return int(row[0]) + 1
         cur.execute(self._q("SELECT fork_seq FROM runs WHERE run_id = ?"), (run_id,))
         r = cur.fetchone()
@@ -581,11 +694,12 @@ class Journal:
         if seq < 0:
             return ""
         owner = self._owner(run_id, seq)
-        cur.execute(self._q("SELECT hash FROM events WHERE run_id = ? AND seq = ?"), (owner, seq))
+        where, args = self._span(cur, owner, seq, seq + 1)
+        cur.execute(self._q(f"SELECT hash FROM events WHERE {where}"), args)
         row = cur.fetchone()
         if row is None:
             raise JournalError(f"run {run_id!r} has no event at seq {seq}")
-        return str(row[0])
+        return hash_text(row[0])
 
     def _owner(self, run_id: str, seq: int) -> str:
         for seg in reversed(self.lineage(run_id)):
@@ -648,13 +762,23 @@ class Journal:
             rows = self._compact(cur, run_id, rows)
         else:
             rows = self._store_texts(cur, rows)
+        key = self._key(cur, run_id)
+        try:
+            codes = KIND_CODES
+            base = key * SPAN
+            cells = [
+                (base + r[1], key, r[1], r[2], codes[r[3]], r[4], r[5], hash_cell(r[6]))
+                for r in rows
+            ]
+        except KeyError as e:
+            raise JournalError(f"event kind {e.args[0]!r} has no code in this journal") from e
         try:
             cur.executemany(
                 self._q(
-                    "INSERT INTO events (run_id, seq, step, kind, version, payload, hash)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
-                rows,
+                cells,
             )
         except Exception as e:
             self._head_hash.pop(run_id, None)
@@ -713,7 +837,7 @@ class Journal:
             # rows are (owner, seq, *columns)
             recent_rows = self._latest_before(cur, run_id, seq, "payload", "version >= 4", recent)
             call_rows = self._latest_before(
-                cur, run_id, seq, "version, payload", "kind = 'llm_call'", calls
+                cur, run_id, seq, "version, payload", "kind = ?", calls, self.kind_cell("llm_call")
             )
         learnt = [(int(r[1]), bytes(r[2])) for r in recent_rows]
         found = [(str(r[0]), int(r[1]), int(r[2]), bytes(r[3])) for r in call_rows]
@@ -729,7 +853,14 @@ class Journal:
             comp.note_request(str(raw.get("agent", "")), s, request, depth)
 
     def _latest_before(
-        self, cur: Any, run_id: str, seq: int, columns: str, where: str, limit: int
+        self,
+        cur: Any,
+        run_id: str,
+        seq: int,
+        columns: str,
+        where: str,
+        limit: int,
+        *where_args: Any,
     ) -> list[tuple[Any, ...]]:
         """(owner run, seq, *columns) of the latest `limit` events before `seq` in the run's
         history that match `where`, newest first, through the lineage's segments."""
@@ -738,12 +869,13 @@ class Journal:
             if seg.start >= seq and seg.start > 0:
                 continue
             hi = seq if seg.stop is None else min(seq, seg.stop)
+            span, args = self._span(cur, seg.run_id, seg.start, hi)
             cur.execute(
                 self._q(
-                    f"SELECT seq, {columns} FROM events WHERE run_id = ? AND {where}"
-                    " AND seq >= ? AND seq < ? ORDER BY seq DESC LIMIT ?"
+                    f"SELECT seq, {columns} FROM events WHERE {span} AND {where}"
+                    f" ORDER BY {self._ord} DESC LIMIT ?"
                 ),
-                (seg.run_id, seg.start, hi, limit - len(rows)),
+                (*args, *where_args, limit - len(rows)),
             )
             rows += [(seg.run_id, *r) for r in cur.fetchall()]
             if len(rows) >= limit:
@@ -776,10 +908,8 @@ class Journal:
         if got is not None:
             return got
         with self._read() as cur:
-            cur.execute(
-                self._q("SELECT version, payload FROM events WHERE run_id = ? AND seq = ?"),
-                (owner, seq),
-            )
+            where, args = self._span(cur, owner, seq, seq + 1)
+            cur.execute(self._q(f"SELECT version, payload FROM events WHERE {where}"), args)
             row = cur.fetchone()
         if row is None:
             raise TamperedJournal(
@@ -843,6 +973,11 @@ class Journal:
     def _writable(self) -> None:
         if self.readonly:
             raise JournalError(f"journal {self._where()} is open read-only")
+        if not self.keyed:
+            raise JournalError(
+                f"journal {self._where()} is at schema revision {self.revision!r}; open it for"
+                " writing with upgrades allowed (`car db upgrade`) before writing to it"
+            )
 
     # ---------------------------------------------------------------- leases
 
@@ -933,21 +1068,28 @@ class Journal:
             yield from self._read_segment(seg.run_id, lo, hi)
 
     def _read_segment(self, run_id: str, lo: int, hi: int | None) -> Iterator[StoredEvent]:
-        sql = "SELECT run_id, seq, step, kind, version, payload, hash FROM events WHERE run_id = ?"
-        args: list[Any] = [run_id]
-        sql += " AND seq >= ?"
-        args.append(lo)
-        if hi is not None:
-            sql += " AND seq < ?"
-            args.append(hi)
-        sql += " ORDER BY seq"
         with self._read() as cur:
-            cur.execute(self._q(sql), args)
+            where, args = self._span(cur, run_id, lo, hi)
+            cur.execute(
+                self._q(
+                    "SELECT seq, step, kind, version, payload, hash FROM events"
+                    f" WHERE {where} ORDER BY {self._ord}"
+                ),
+                args,
+            )
             rows = cur.fetchall()
-        for r in rows:
+        for seq, step, kind, version, stored, hash_ in rows:
             # v3 and v4 store references (to texts, to earlier events): resolve them
-            payload = self._full(r[0], r[1], r[4], bytes(r[5]))
-            yield StoredEvent(r[0], r[1], r[2], r[3], r[4], payload, r[6])
+            payload = self._full(run_id, seq, version, bytes(stored))
+            yield StoredEvent(
+                run_id,
+                seq,
+                step,
+                self._kind(kind, run_id, seq),
+                version,
+                payload,
+                hash_text(hash_),
+            )
 
     def read_for_fold(
         self, run_id: str, start: int = 0, stop: int | None = None
@@ -960,14 +1102,16 @@ class Journal:
             hi = _min_opt(stop, seg.stop)
             if hi is not None and lo >= hi:
                 continue
-            sql = "SELECT run_id, seq, version, payload FROM events WHERE run_id = ? AND seq >= ?"
-            args: list[Any] = [seg.run_id, lo]
-            if hi is not None:
-                sql += " AND seq < ?"
-                args.append(hi)
             with self._read() as cur:
-                cur.execute(self._q(sql + " ORDER BY seq"), args)
-                rows = cur.fetchall()
+                where, args = self._span(cur, seg.run_id, lo, hi)
+                cur.execute(
+                    self._q(
+                        f"SELECT seq, version, payload FROM events WHERE {where}"
+                        f" ORDER BY {self._ord}"
+                    ),
+                    args,
+                )
+                rows = [(seg.run_id, *r) for r in cur.fetchall()]
             self._recent_src = rows  # what _load looks in first (built on its first use)
             try:
                 for r in rows:
@@ -987,15 +1131,19 @@ class Journal:
     def step_start(self, run_id: str, step: int) -> int | None:
         """Seq of the first event of step >= `step` in the run's history, None if none."""
         # steps grow with seq along a lineage, so the first segment (root first) that holds
-        # such an event holds the earliest one
+        # such an event holds the earliest one, and within it the first row in seq order (a
+        # walk of the primary key that stops there: no step index, docs/decisions.md entry 38)
+        lineage = self.lineage(run_id)
         with self._read() as cur:
-            for seg in self.lineage(run_id):
-                sql = "SELECT min(seq) FROM events WHERE run_id = ? AND step >= ? AND seq >= ?"
-                args: list[Any] = [seg.run_id, step, seg.start]
-                if seg.stop is not None:
-                    sql += " AND seq < ?"
-                    args.append(seg.stop)
-                cur.execute(self._q(sql), args)
+            for seg in lineage:
+                where, args = self._span(cur, seg.run_id, seg.start, seg.stop)
+                cur.execute(
+                    self._q(
+                        f"SELECT seq FROM events WHERE {where} AND step >= ?"
+                        f" ORDER BY {self._ord} LIMIT 1"
+                    ),
+                    [*args, step],
+                )
                 row = cur.fetchone()
                 if row and row[0] is not None:
                     return int(row[0])
@@ -1004,13 +1152,15 @@ class Journal:
     def last_stepped(self, run_id: str) -> tuple[int, int] | None:
         """(step, seq) of the last event that belongs to a step, None if there is none."""
         for seg in reversed(self.lineage(run_id)):
-            sql = "SELECT step, seq FROM events WHERE run_id = ? AND seq >= ? AND step IS NOT NULL"
-            args: list[Any] = [seg.run_id, seg.start]
-            if seg.stop is not None:
-                sql += " AND seq < ?"
-                args.append(seg.stop)
             with self._read() as cur:
-                cur.execute(self._q(sql + " ORDER BY seq DESC LIMIT 1"), args)
+                where, args = self._span(cur, seg.run_id, seg.start, seg.stop)
+                cur.execute(
+                    self._q(
+                        f"SELECT step, seq FROM events WHERE {where} AND step IS NOT NULL"
+                        f" ORDER BY {self._ord} DESC LIMIT 1"
+                    ),
+                    args,
+                )
                 row = cur.fetchone()
             if row is not None:
                 return int(row[0]), int(row[1])
@@ -1160,21 +1310,27 @@ def _migrate_sqlite(conn: sqlite3.Connection, where: str) -> None:
     from sqlalchemy import create_engine
     from sqlalchemy.pool import StaticPool
 
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if _revision_of(names, conn.execute, where) != HEAD_REVISION:
-            eng = create_engine(
-                "sqlite://", creator=lambda: conn, poolclass=StaticPool, pool_reset_on_return=None
-            )
-            with eng.connect() as sa_conn:
+    eng = create_engine(
+        "sqlite://", creator=lambda: conn, poolclass=StaticPool, pool_reset_on_return=None
+    )
+    # connect first: SQLAlchemy's first connect ends with a ROLLBACK, which would end a
+    # transaction begun before it and leave every later statement to autocommit on its own
+    with eng.connect() as sa_conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            names = {
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if _revision_of(names, conn.execute, where) != HEAD_REVISION:
+                # one Alembic transaction for all revisions (migrations/env.py): its commit
+                # is this transaction's
                 _alembic_upgrade(sa_conn)
-        if conn.in_transaction:
-            conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
 
 def _create_sqlite_journal(path: Path) -> None:

@@ -1,11 +1,15 @@
 """Where the journal is kept: the SQLModel tables. Their schema is created only by the Alembic
 migrations in `migrations/`; a test checks that models and migrations agree.
 
-Layout (see docs/decisions.md):
+Layout (see docs/decisions.md, entries 1-38):
   runs       one immutable row per run; a fork points at its parent and the parent's seq where it
              diverges (copy-on-write: the prefix is read through the pointer, never copied).
-  events     one immutable row per event: (run_id, seq) is the key and the concurrency control;
-             payload is the msgpack encoding of the event; hash chains the run.
+             run_id is the public name; run_key the INTEGER that events rows carry.
+  events     one immutable row per event: id = run_key * 2**32 + seq is the key and the
+             concurrency control (SQLite's rowid: one B-tree, no step index); payload is the msgpack
+             encoding of the event; hash chains the run, stored as the digest's 32 raw bytes
+             ("b2:<hex>" is made on read); kind is a code from `kinds`.
+  kinds      event kind codes -> names, written by the migration that introduced them.
   snapshots  a cache of folded states s_k, keyed by (run_id, seq); derived, rebuildable, and
              re-derived by `car verify` (a forged snapshot is found, not trusted).
   texts      each distinct long text once, keyed by its b2: digest (event schema v3); history,
@@ -16,16 +20,30 @@ Layout (see docs/decisions.md):
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, Index, LargeBinary, MetaData
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+)
 from sqlmodel import Field, SQLModel
 
 metadata: MetaData = SQLModel.metadata
+SPAN = 2**32  # engine.journal.SPAN (not imported: this module is only for the schema tools)
 
 
 class RunRow(SQLModel, table=True):
     __tablename__ = "runs"
+    __table_args__ = {"sqlite_autoincrement": True}
 
-    run_id: str = Field(primary_key=True, max_length=64)
+    run_key: int | None = Field(
+        default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True)
+    )
+    run_id: str = Field(max_length=64, unique=True)
     parent_run_id: str | None = Field(default=None, foreign_key="runs.run_id", max_length=64)
     fork_seq: int | None = Field(default=None)
     root_run_id: str = Field(max_length=64, index=True)
@@ -36,15 +54,32 @@ class RunRow(SQLModel, table=True):
 
 class EventRow(SQLModel, table=True):
     __tablename__ = "events"
-    __table_args__ = (Index("ix_events_run_step", "run_id", "step"),)
+    __table_args__ = (
+        CheckConstraint(
+            f"seq >= 0 AND seq < {SPAN} AND id = run_key * {SPAN} + seq", name="events_key"
+        ),
+    )
 
-    run_id: str = Field(primary_key=True, foreign_key="runs.run_id", max_length=64)
-    seq: int = Field(primary_key=True)
+    # run_key * 2**32 + seq: on SQLite the rowid, so the table is one B-tree
+    id: int = Field(
+        sa_column=Column(
+            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+        )
+    )
+    run_key: int = Field(sa_column=Column(Integer, ForeignKey("runs.run_key"), nullable=False))
+    seq: int = Field(sa_column=Column(Integer, nullable=False))
     step: int | None = Field(default=None)
-    kind: str = Field(max_length=32)
+    kind: int = Field(sa_column=Column(Integer, nullable=False))
     version: int
     payload: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
-    hash: str = Field(max_length=80)
+    hash: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class KindRow(SQLModel, table=True):
+    __tablename__ = "kinds"
+
+    code: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    name: str = Field(max_length=32, unique=True)
 
 
 class SnapshotRow(SQLModel, table=True):

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
-from engine.journal import Journal, chain_hash
+from engine.journal import HASH_PREFIX, KIND_NAMES, SPAN, Journal, chain_hash
 
 EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
     "runs": (
@@ -37,6 +37,15 @@ EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
     "snapshots": ("run_id", "seq", "fold_version", "state"),
     "texts": ("hash", "body"),
 }
+# the integer-keyed layout (revision 0005 on, docs/decisions.md entry 38)
+KEYED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "runs": ("run_key", *EXPECTED_COLUMNS["runs"]),
+    "events": ("id", "run_key", "seq", "step", "kind", "version", "payload", "hash"),
+    "snapshots": EXPECTED_COLUMNS["snapshots"],
+    "texts": EXPECTED_COLUMNS["texts"],
+    "kinds": ("code", "name"),
+}
+DIGEST_BYTES = 32
 
 # the triggers that refuse rewrites, per revision that added them
 _SQLITE_TRIGGERS = {
@@ -54,6 +63,8 @@ _SQLITE_TRIGGERS = {
         "snapshots_no_delete",
     ),
     "0003_texts": ("texts_no_update", "texts_no_delete", "texts_no_rewrite"),
+    "0004_event_refs": (),
+    "0005_integer_rows": ("kinds_no_update", "kinds_no_delete", "kinds_no_rewrite"),
 }
 _PG_TRIGGERS = {
     "0001_journal_tables": (
@@ -65,6 +76,8 @@ _PG_TRIGGERS = {
     ),
     "0002_refuse_rewrites": ("snapshots_no_delete", "snapshots_no_truncate"),
     "0003_texts": ("texts_append_only", "texts_no_truncate"),
+    "0004_event_refs": (),
+    "0005_integer_rows": ("kinds_append_only", "kinds_no_truncate"),
 }
 MAX_FINDINGS_PER_RUN = 50
 
@@ -107,6 +120,8 @@ class _RunRow(msgspec.Struct):
     parent_run_id: str | None
     fork_seq: int | None
     root_run_id: str
+    # what this run's events rows hold in journal.run_col (run_key, or the run id)
+    key: Any = None
 
 
 def verify_journal(
@@ -133,6 +148,7 @@ class _Checker:
     def __init__(self, journal: Journal) -> None:
         self.j = journal
         self.sqlite = journal.is_sqlite
+        self.keyed = journal.keyed
         self.problems: list[VerifyProblem] = []
         self.notes: list[str] = []
         self.events_checked = 0
@@ -190,6 +206,8 @@ class _Checker:
             targets = self.ancestry(runs, info.run_id)
         if "texts" in tables:
             self.guarded("the texts table", self.read_texts)
+        if "kinds" in tables:
+            self.guarded("the kinds table", self.check_kinds)
         self.runs = runs
         if {"runs", "events"} <= tables:
             for rid in self.topological(runs, targets):
@@ -230,7 +248,7 @@ class _Checker:
 
     def check_schema(self) -> set[str]:
         usable: set[str] = set()
-        for table, cols in EXPECTED_COLUMNS.items():
+        for table, cols in (KEYED_COLUMNS if self.keyed else EXPECTED_COLUMNS).items():
             if table == "texts" and self.j.revision in (
                 "0001_journal_tables",
                 "0002_refuse_rewrites",
@@ -272,7 +290,7 @@ class _Checker:
             rows = self.query(
                 "SELECT tgname, tgenabled FROM pg_trigger WHERE NOT tgisinternal"
                 " AND tgrelid IN (SELECT oid FROM pg_class WHERE relname IN"
-                " ('events', 'runs', 'snapshots', 'texts'))"
+                " ('events', 'runs', 'snapshots', 'texts', 'kinds'))"
             )
         have = {str(r[0]): str(r[1]) for r in rows}
         for name in wanted:
@@ -295,14 +313,20 @@ class _Checker:
     # ------------------------------------------------------------------ runs
 
     def read_runs(self) -> dict[str, _RunRow]:
+        key = f", run_key, {self.typeof('run_key')}" if self.keyed else ""
         rows = self.query(
             f"SELECT {self.raw('run_id')}, {self.raw('parent_run_id')}, fork_seq,"
             f" {self.typeof('fork_seq')}, {self.raw('root_run_id')}, {self.raw('scenario')},"
-            f" {self.raw('created_at')}, {self.raw('label')} FROM runs"
+            f" {self.raw('created_at')}, {self.raw('label')}{key} FROM runs"
         )
         runs: dict[str, _RunRow] = {}
         for r in rows:
             rid, ok = _text(r[0])
+            run_key: Any = rid
+            if self.keyed:
+                run_key = r[8]
+                if not isinstance(run_key, int) or (self.sqlite and r[9] != "integer"):
+                    self.add(rid, None, f"run row's run_key {run_key!r} is not an integer", "type")
             texts = [_text(v) for v in (r[1], r[4], r[5], r[6], r[7])]
             if not ok or not all(t[1] for t in texts):
                 self.add(rid, None, "run row holds bytes that are not UTF-8 text", "encoding")
@@ -310,7 +334,7 @@ class _Checker:
                 self.add(rid, None, f"run row's fork_seq is a {r[3]}, not an integer", "type")
             parent = texts[0][0] if r[1] is not None else None
             fork_seq = r[2] if isinstance(r[2], int) else None
-            runs[rid] = _RunRow(rid, parent, fork_seq, texts[1][0])
+            runs[rid] = _RunRow(rid, parent, fork_seq, texts[1][0], run_key)
         for info in runs.values():
             if info.parent_run_id is None:
                 if info.fork_seq is not None:
@@ -365,6 +389,34 @@ class _Checker:
                 self.add(rid, None, "run is not reachable from a root (parent cycle)", "run_row")
         return order
 
+    def check_kinds(self) -> None:
+        """`kinds` must name each code as the engine does: the events rows hold only codes."""
+        rows = self.query(f"SELECT code, {self.typeof('code')}, {self.raw('name')} FROM kinds")
+        have: dict[Any, str] = {}
+        for code, ctype, raw_name in rows:
+            name, _ok = _text(raw_name)
+            if not isinstance(code, int) or (self.sqlite and ctype != "integer"):
+                self.add(
+                    None,
+                    None,
+                    f"kinds row {name!r} has a code {code!r} that is not an integer",
+                    "kinds",
+                )
+                continue
+            have[code] = name
+        for code, name in sorted(KIND_NAMES.items()):
+            if code not in have:
+                self.add(None, None, f"kinds lacks code {code} ({name!r})", "kinds")
+            elif have[code] != name:
+                self.add(
+                    None,
+                    None,
+                    f"kinds names code {code} {have[code]!r}, not {name!r}: a renamed kind",
+                    "kinds",
+                )
+        for code in sorted(set(have) - set(KIND_NAMES)):
+            self.add(None, None, f"kinds holds code {code} ({have[code]!r}), unknown here", "kinds")
+
     # ----------------------------------------------------------------- texts
 
     def read_texts(self) -> None:
@@ -417,11 +469,20 @@ class _Checker:
                 break
         return info.run_id if info is not None else rid
 
+    def span(self, rid: str, lo: int, hi: int) -> tuple[str, list[Any]]:
+        """WHERE clause and arguments for run `rid`'s own rows with lo <= seq < hi: a range of
+        the primary key when the run row holds an integer key."""
+        info = self.runs.get(rid)
+        key = info.key if info is not None else rid
+        if not self.keyed:
+            return "run_id = ? AND seq >= ? AND seq < ?", [rid, lo, hi]
+        if isinstance(key, int):
+            return "id >= ? AND id < ?", [key * SPAN + lo, key * SPAN + min(hi, SPAN)]
+        return "run_key = ? AND seq >= ? AND seq < ?", [key, lo, hi]
+
     def load_row(self, rid: str, seq: int) -> tuple[int, bytes]:
-        rows = self.query(
-            f"SELECT version, {self.raw('payload')} FROM events WHERE run_id = ? AND seq = ?",
-            [rid, seq],
-        )
+        where, args = self.span(rid, seq, seq + 1)
+        rows = self.query(f"SELECT version, {self.raw('payload')} FROM events WHERE {where}", args)
         if not rows:
             raise ValueError(f"it refers to event {seq} of run {rid}, which is missing")
         return int(rows[0][0]), bytes(rows[0][1] or b"")
@@ -474,15 +535,31 @@ class _Checker:
                 )
             elif prev is None:
                 self.add(rid, start - 1, "fork point missing from the parent", "fork_point")
+        where, args = self.span(rid, 0, SPAN)
         rows = self.query(
-            f"SELECT seq, {self.typeof('seq')}, step, {self.typeof('step')}, {self.raw('kind')},"
-            f" version, {self.typeof('payload')}, {self.raw('payload')}, {self.raw('hash')}"
-            f" FROM events WHERE run_id = ? ORDER BY seq",
-            [rid],
+            f"SELECT seq, {self.typeof('seq')}, step, {self.typeof('step')},"
+            f" {'kind' if self.keyed else self.raw('kind')}, version, {self.typeof('payload')},"
+            f" {self.raw('payload')}, {self.raw('hash')}, {self.typeof('hash')},"
+            f" {'id, run_key' if self.keyed else 'NULL, NULL'}"
+            f" FROM events WHERE {where} ORDER BY seq",
+            args,
         )
         expected = start
         resync = prev is None  # no known predecessor hash: take the first stored one
-        for seq, seq_type, step, step_type, kind_raw, version, ptype, payload, hash_raw in rows:
+        for (
+            seq,
+            seq_type,
+            step,
+            step_type,
+            kind_raw,
+            version,
+            ptype,
+            payload,
+            hash_raw,
+            htype,
+            row_id,
+            row_key,
+        ) in rows:
             self.events_checked += 1
             if not isinstance(seq, int) or (self.sqlite and seq_type != "integer"):
                 self.add(rid, None, f"seq cell {seq!r} is not an integer", "type")
@@ -499,10 +576,23 @@ class _Checker:
                 )
                 expected = seq
                 resync = True
-            kind, kind_ok = _text(kind_raw)
-            stored_hash, hash_ok = _text(hash_raw)
-            if not kind_ok or not hash_ok:
-                self.add(rid, seq, "kind or hash holds bytes that are not UTF-8 text", "encoding")
+            if self.keyed:
+                # the CHECK that ties them can be switched off (ignore_check_constraints)
+                if not isinstance(row_key, int) or row_id != row_key * SPAN + seq:
+                    self.add(
+                        rid,
+                        seq,
+                        f"row key {row_id!r} disagrees with its run_key {row_key!r} and seq",
+                        "key",
+                    )
+                kind, stored_hash = self.keyed_cells(rid, seq, kind_raw, hash_raw, htype)
+            else:
+                kind, kind_ok = _text(kind_raw)
+                stored_hash, hash_ok = _text(hash_raw)
+                if not kind_ok or not hash_ok:
+                    self.add(
+                        rid, seq, "kind or hash holds bytes that are not UTF-8 text", "encoding"
+                    )
             if self.sqlite and ptype != "blob":
                 self.add(rid, seq, f"payload stored as {ptype}, not as bytes", "type")
             if self.sqlite and step_type not in ("integer", "null"):
@@ -552,7 +642,25 @@ class _Checker:
         if keep is not None:
             self.hashes[rid] = keep
 
+    def keyed_cells(
+        self, rid: str, seq: int, kind_cell: Any, hash_cell: Any, htype: Any
+    ) -> tuple[str, str]:
+        """(kind name, public hash) of an integer-keyed row, after a finding for a cell of the
+        wrong type: a kind code unknown here, a hash that is not 32 bytes."""
+        kind = KIND_NAMES.get(kind_cell) if isinstance(kind_cell, int) else None
+        if kind is None:
+            self.add(rid, seq, f"kind cell {kind_cell!r} is not a known kind code", "kind")
+            kind = "?"
+        digest = bytes(hash_cell) if hash_cell is not None else b""
+        if (self.sqlite and htype != "blob") or len(digest) != DIGEST_BYTES:
+            what = htype if self.sqlite and htype != "blob" else f"{len(digest)} bytes"
+            self.add(rid, seq, f"hash cell is {what}, not a {DIGEST_BYTES}-byte digest", "type")
+        return kind, HASH_PREFIX + digest.hex()
+
     def check_orphans(self, runs: dict[str, _RunRow]) -> None:
+        if self.keyed:
+            self.keyed_orphans(runs)
+            return
         rows = self.query(
             f"SELECT {self.raw('run_id')}, min(seq), count(*) FROM events GROUP BY"
             f" {self.raw('run_id')}"
@@ -571,6 +679,21 @@ class _Checker:
             (n,) = self.query("SELECT count(*) FROM events WHERE typeof(run_id) != 'text'")[0]
             if n:
                 self.add(None, None, f"{n} events whose run id is not text", "type")
+
+    def keyed_orphans(self, runs: dict[str, _RunRow]) -> None:
+        """Events whose run_key names no run row (a deleted run, forged rows)."""
+        known = {info.key for info in runs.values()}
+        rows = self.query("SELECT run_key, min(seq), count(*) FROM events GROUP BY run_key")
+        for key, first, count in rows:
+            if key in known:
+                continue
+            self.add(
+                None,
+                first if isinstance(first, int) else None,
+                f"{count} events of run_key {key!r}, which names no run (deleted run or forged"
+                " events)",
+                "orphan",
+            )
 
     # ------------------------------------------------------------- snapshots
 

@@ -32,6 +32,10 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
         connection=connection,
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
+        # every revision of an upgrade in ONE transaction on SQLite too (its DDL is
+        # transactional; Alembic's SQLite default commits after each revision), so a revision
+        # that refuses a journal (0005 on rows it cannot copy) leaves it at its old revision
+        transactional_ddl=True,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -15,8 +15,11 @@ from sqlalchemy.engine import make_url
 
 from engine import events as ev
 from engine.errors import ConcurrencyError, InterventionError, UnknownRun
-from engine.journal import Journal, chain_hash
+from engine.journal import KIND_CODES, SPAN, Journal, chain_hash, hash_cell
 from engine.verify import VerifyProblem, VerifyReport
+
+# the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
+KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
 
 
 def started(seed: int = 1) -> ev.RunStarted:
@@ -85,7 +88,7 @@ class JournalContract:
         """The database itself refuses UPDATE and DELETE on events and runs, clearly."""
         record(journal, 1)
         for sql in (
-            "UPDATE events SET kind = 'x'",
+            "UPDATE events SET kind = 99",
             "DELETE FROM events",
             "UPDATE runs SET label = 'x'",
             "DELETE FROM runs",
@@ -107,7 +110,9 @@ class JournalContract:
         self.disable_guards(journal)
         forged = ev.encode(ev.ChatMessage(step=1, agent="b", text="forged"))
         self.raw_execute_params(
-            journal, "UPDATE events SET payload = ? WHERE run_id = ? AND seq = ?", (forged, run, 6)
+            journal,
+            f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = ?",
+            (forged, run, 6),
         )
         problems = run_findings(journal.verify(run))
         assert [(p.run_id, p.seq) for p in problems] == [(run, 6)]
@@ -118,7 +123,7 @@ class JournalContract:
         run = record(journal, 4)
         self.disable_guards(journal)
         self.raw_execute_params(
-            journal, "DELETE FROM events WHERE run_id = ? AND seq = ?", (run, 3)
+            journal, f"DELETE FROM events WHERE run_key = {KEY_OF} AND seq = ?", (run, 3)
         )
         problems = run_findings(journal.verify(run))
         assert [(p.seq, "removed" in p.problem) for p in problems] == [(3, True)]
@@ -131,8 +136,9 @@ class JournalContract:
         for a, b in ((4, 7), (7, 4)):
             self.raw_execute_params(
                 journal,
-                "UPDATE events SET payload = ?, hash = ?, kind = ? WHERE run_id = ? AND seq = ?",
-                (rows[b].payload, rows[b].hash, rows[b].kind, run, a),
+                "UPDATE events SET payload = ?, hash = ?, kind = ?"
+                f" WHERE run_key = {KEY_OF} AND seq = ?",
+                (rows[b].payload, hash_cell(rows[b].hash), KIND_CODES[rows[b].kind], run, a),
             )
         problems = run_findings(journal.verify(run))
         # the first finding is the first swapped seq; every finding lies at a swapped row or
@@ -216,6 +222,7 @@ class JournalContract:
         import msgspec
 
         run = journal.create_run("test")
+        key = journal.run_key(run)
         payload = msgspec.msgpack.encode(
             {
                 "kind": "tool_result",
@@ -230,9 +237,9 @@ class JournalContract:
         h = chain_hash("", 0, "tool_result", 1, payload)
         self.raw_execute_params(
             journal,
-            "INSERT INTO events (run_id, seq, step, kind, version, payload, hash)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (run, 0, 0, "tool_result", 1, payload, h),
+            "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (key * SPAN, key, 0, 0, KIND_CODES["tool_result"], 1, payload, hash_cell(h)),
         )
         (stored,) = list(journal.read(run))
         assert stored.event == ev.ToolResult(

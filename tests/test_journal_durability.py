@@ -39,6 +39,10 @@ WRITER = textwrap.dedent(
 )
 
 
+# the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
+KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
+
+
 @pytest.mark.parametrize("delay", [0.3, 0.7, 1.1])
 def test_killed_writer_leaves_whole_steps(tmp_path: Path, delay: float) -> None:
     """SIGKILL at an arbitrary moment: every step is fully present or absent, the chain intact."""
@@ -143,7 +147,9 @@ def test_cli_bad_input_one_line(
     if setup == "tampered":
         db = sqlite3.connect(p)
         db.execute("DROP TRIGGER events_no_update")
-        db.execute("UPDATE events SET payload = x'00' WHERE seq = 2 AND run_id = ?", (run,))
+        db.execute(
+            f"UPDATE events SET payload = x'00' WHERE seq = 2 AND run_key = {KEY_OF}", (run,)
+        )
         db.commit()
     res = car(*args, journal=p)
     assert res.returncode != 0

@@ -26,11 +26,16 @@ from engine.verify import verify_journal
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+# the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
+KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
+
+
 def _stored(path: Path, run: str) -> list[tuple[int, int, bytes]]:
     db = sqlite3.connect(path)
     try:
         return db.execute(
-            "SELECT seq, version, payload FROM events WHERE run_id = ? ORDER BY seq", (run,)
+            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq",
+            (run,),
         ).fetchall()
     finally:
         db.close()
@@ -166,7 +171,10 @@ def test_tampered_shared_string_names_every_event_built_from_it(
     db = sqlite3.connect(path, isolation_level=None)
     for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
         db.execute(f"DROP TRIGGER {name}")
-    db.execute("UPDATE events SET payload = ? WHERE run_id = ? AND seq = ?", (flipped, run, holder))
+    db.execute(
+        f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = ?",
+        (flipped, run, holder),
+    )
     db.close()
     with Journal(path, readonly=True) as j:
         report = verify_journal(j)
@@ -183,7 +191,7 @@ def test_missing_referenced_event_is_a_clean_error(heist: tuple[Path, str]) -> N
     path, run = heist
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("DROP TRIGGER events_no_delete")
-    db.execute("DELETE FROM events WHERE run_id = ? AND seq = 2", (run,))
+    db.execute(f"DELETE FROM events WHERE run_key = {KEY_OF} AND seq = 2", (run,))
     db.close()
     with Journal(path, readonly=True) as j:
         with pytest.raises(TamperedJournal, match="lacks event 2"):

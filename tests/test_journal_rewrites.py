@@ -16,31 +16,41 @@ from test_journal_contract import _plain, record
 from engine.journal import Journal
 from engine.state import FOLD_VERSION, encode_state, state_at_seq
 
-# Each statement tries to change or remove a row that exists: run R, its events, a snapshot.
-# `{r}` is the run id.
+# Each statement tries to change or remove a row that exists: run R, its events, a snapshot,
+# an event kind. `{r}` is the run id, `{k}` its run_key (the events rows' key, entry 38).
 SQLITE_REWRITES = [
-    "UPDATE events SET payload = x'00' WHERE run_id = '{r}' AND seq = 1",
+    "UPDATE events SET payload = x'00' WHERE run_key = {k} AND seq = 1",
     "UPDATE events SET step = 99",
-    "DELETE FROM events WHERE run_id = '{r}' AND seq = 3",
+    "DELETE FROM events WHERE run_key = {k} AND seq = 3",
     "DELETE FROM events",
-    "REPLACE INTO events (run_id, seq, step, kind, version, payload, hash)"
-    " SELECT run_id, seq, 99, kind, version, payload, hash FROM events WHERE seq = 1",
-    "INSERT OR REPLACE INTO events (run_id, seq, step, kind, version, payload, hash)"
-    " VALUES ('{r}', 1, 0, 'chat_message', 2, x'00', 'b2:x')",
-    "INSERT INTO events (run_id, seq, step, kind, version, payload, hash)"
-    " VALUES ('{r}', 1, 0, 'chat_message', 2, x'00', 'b2:x')"
-    " ON CONFLICT (run_id, seq) DO UPDATE SET payload = excluded.payload",
-    "INSERT OR IGNORE INTO events (run_id, seq, step, kind, version, payload, hash)"
-    " VALUES ('{r}', 1, 0, 'chat_message', 2, x'00', 'b2:x')",
+    "REPLACE INTO events (run_key, seq, step, kind, version, payload, hash)"
+    " SELECT run_key, seq, 99, kind, version, payload, hash FROM events WHERE seq = 1",
+    "INSERT OR REPLACE INTO events (run_key, seq, step, kind, version, payload, hash)"
+    " VALUES ({k}, 1, 0, 6, 2, x'00', x'00')",
+    "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+    " VALUES ({k} * 4294967296 + 1, {k}, 1, 0, 6, 2, x'00', x'00')"
+    " ON CONFLICT (id) DO UPDATE SET payload = excluded.payload",
+    # the key given outright, as the journal writes it
+    "INSERT OR REPLACE INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+    " VALUES ({k} * 4294967296 + 1, {k}, 1, 0, 6, 2, x'00', x'00')",
+    "INSERT OR IGNORE INTO events (run_key, seq, step, kind, version, payload, hash)"
+    " VALUES ({k}, 1, 0, 6, 2, x'00', x'00')",
     "UPDATE runs SET label = 'x'",
     "DELETE FROM runs WHERE run_id = '{r}'",
     "REPLACE INTO runs (run_id, parent_run_id, fork_seq, root_run_id, scenario, created_at,"
     " label) VALUES ('{r}', NULL, NULL, '{r}', 'test', 't', 'forged')",
     "INSERT OR REPLACE INTO runs (run_id, parent_run_id, fork_seq, root_run_id, scenario,"
     " created_at, label) VALUES ('{r}', NULL, NULL, '{r}', 'test', 't', 'forged')",
+    # a REPLACE that collides on the integer key alone (a new run id taking over R's events)
+    "REPLACE INTO runs (run_key, run_id, parent_run_id, fork_seq, root_run_id, scenario,"
+    " created_at, label) VALUES ({k}, 'usurper', NULL, NULL, 'usurper', 'test', 't', '')",
     "INSERT INTO runs (run_id, parent_run_id, fork_seq, root_run_id, scenario, created_at, label)"
     " VALUES ('{r}', NULL, NULL, '{r}', 'test', 't', '') ON CONFLICT (run_id)"
     " DO UPDATE SET label = 'forged'",
+    "UPDATE kinds SET name = 'forged' WHERE code = 6",
+    "DELETE FROM kinds",
+    "REPLACE INTO kinds (code, name) VALUES (6, 'forged')",
+    "INSERT OR REPLACE INTO kinds (code, name) VALUES (99, 'chat_message')",
     "UPDATE snapshots SET state = x'00'",
     "DELETE FROM snapshots",
     "REPLACE INTO snapshots (run_id, seq, fold_version, state)"
@@ -53,18 +63,21 @@ SQLITE_REWRITES = [
 ]
 
 PG_REWRITES = [
-    "UPDATE events SET payload = '\\x00' WHERE run_id = '{r}' AND seq = 1",
+    "UPDATE events SET payload = '\\x00' WHERE run_key = {k} AND seq = 1",
     "UPDATE events SET step = 99",
-    "DELETE FROM events WHERE run_id = '{r}' AND seq = 3",
+    "DELETE FROM events WHERE run_key = {k} AND seq = 3",
     "DELETE FROM events",
     "TRUNCATE events CASCADE",
-    "INSERT INTO events (run_id, seq, step, kind, version, payload, hash)"
-    " VALUES ('{r}', 1, 0, 'chat_message', 2, '\\x00', 'b2:x')"
-    " ON CONFLICT (run_id, seq) DO UPDATE SET payload = excluded.payload",
-    "MERGE INTO events e USING (SELECT '{r}' AS run_id, 1 AS seq) s"
-    " ON e.run_id = s.run_id AND e.seq = s.seq WHEN MATCHED THEN UPDATE SET step = 99",
-    "MERGE INTO events e USING (SELECT '{r}' AS run_id, 1 AS seq) s"
-    " ON e.run_id = s.run_id AND e.seq = s.seq WHEN MATCHED THEN DELETE",
+    "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+    " VALUES ({k} * 4294967296 + 1, {k}, 1, 0, 6, 2, '\\x00', '\\x00')"
+    " ON CONFLICT (id) DO UPDATE SET payload = excluded.payload",
+    "MERGE INTO events e USING (SELECT {k} AS run_key, 1 AS seq) s"
+    " ON e.run_key = s.run_key AND e.seq = s.seq WHEN MATCHED THEN UPDATE SET step = 99",
+    "MERGE INTO events e USING (SELECT {k} AS run_key, 1 AS seq) s"
+    " ON e.run_key = s.run_key AND e.seq = s.seq WHEN MATCHED THEN DELETE",
+    "UPDATE kinds SET name = 'forged' WHERE code = 6",
+    "DELETE FROM kinds",
+    "TRUNCATE kinds CASCADE",
     "UPDATE runs SET label = 'x'",
     "DELETE FROM runs WHERE run_id = '{r}'",
     "TRUNCATE runs CASCADE",
@@ -102,7 +115,7 @@ class TestSqlite:
         try:
             return [
                 _history(db.execute(f"SELECT * FROM {t}").fetchall())
-                for t in ("events", "runs", "snapshots")
+                for t in ("events", "runs", "snapshots", "kinds")
             ]
         finally:
             db.close()
@@ -118,7 +131,7 @@ class TestSqlite:
         db = sqlite3.connect(j.path, isolation_level=None)
         db.execute(f"PRAGMA recursive_triggers = {'ON' if recursive else 'OFF'}")
         with pytest.raises(sqlite3.DatabaseError, match="refused"):
-            db.execute(sql.format(r=run))
+            db.execute(sql.format(r=run, k=j.run_key(run)))
         db.close()
         assert self.dump(j.path) == before
 
@@ -158,18 +171,18 @@ class TestPostgres:
         with psycopg.connect(dsn) as c:
             return [
                 _history(c.execute(f"SELECT * FROM {t}").fetchall())  # type: ignore[arg-type]
-                for t in ("events", "runs", "snapshots")
+                for t in ("events", "runs", "snapshots", "kinds")
             ]
 
     @pytest.mark.parametrize("sql", PG_REWRITES)
     def test_rewrite_refused(self, journal: tuple[Journal, str, str], sql: str) -> None:
         """Every rewriting statement (UPSERT, MERGE and TRUNCATE included) is refused with the
         append-only error and changes nothing."""
-        _j, run, dsn = journal
+        j, run, dsn = journal
         before = self.dump(dsn)
         with (
             psycopg.connect(dsn, autocommit=True) as c,
             pytest.raises(psycopg.Error, match="refused"),
         ):
-            c.execute(sql.format(r=run))  # type: ignore[arg-type]
+            c.execute(sql.format(r=run, k=j.run_key(run)))  # type: ignore[arg-type]
         assert self.dump(dsn) == before

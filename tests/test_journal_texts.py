@@ -19,6 +19,9 @@ from engine.journal import Journal
 from engine.policies.registry import make_policy
 from engine.verify import verify_journal
 
+# the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
+KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
+
 
 @pytest.fixture
 def heist(tmp_path: Path) -> tuple[Path, str]:
@@ -33,7 +36,8 @@ def _stored(path: Path, run: str) -> list[tuple[int, int, bytes]]:
     db = sqlite3.connect(path)
     try:
         return db.execute(
-            "SELECT seq, version, payload FROM events WHERE run_id = ? ORDER BY seq", (run,)
+            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq",
+            (run,),
         ).fetchall()
     finally:
         db.close()

@@ -20,12 +20,17 @@ from test_journal_contract import record, step_events
 
 from engine import events as ev
 from engine.anchor import AnchorError, make_anchor, read_anchor
-from engine.journal import Journal, chain_hash
+from engine.journal import KIND_CODES, KIND_NAMES, Journal, chain_hash, hash_cell, hash_text
 from engine.state import FOLD_VERSION, build_snapshots, decode_state, encode_state
 from engine.verify import VerifyReport, verify_journal
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = b"k" * 32
+
+
+# the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
+KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
+KEY_OF_PG = "(SELECT run_key FROM runs WHERE run_id = %s)"
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +79,22 @@ def anchor_of(path: Path) -> dict[str, object]:
 
 def rechain(db: sqlite3.Connection, run: str, start: int) -> None:
     """Recompute the hash chain of `run` from `start` on, as a careful attacker would."""
-    prev = db.execute(
-        "SELECT hash FROM events WHERE run_id = ? AND seq = ?", (run, start - 1)
-    ).fetchone()[0]
+    prev = hash_text(
+        db.execute(
+            f"SELECT hash FROM events WHERE run_key = {KEY_OF} AND seq = ?", (run, start - 1)
+        ).fetchone()[0]
+    )
     rows = db.execute(
-        "SELECT seq, kind, version, payload FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq",
+        f"SELECT seq, kind, version, payload FROM events WHERE run_key = {KEY_OF} AND seq >= ?"
+        " ORDER BY seq",
         (run, start),
     ).fetchall()
     for seq, kind, version, payload in rows:
-        prev = chain_hash(prev, seq, kind, version, payload)
-        db.execute("UPDATE events SET hash = ? WHERE run_id = ? AND seq = ?", (prev, run, seq))
+        prev = chain_hash(prev, seq, KIND_NAMES[kind], version, payload)
+        db.execute(
+            f"UPDATE events SET hash = ? WHERE run_key = {KEY_OF} AND seq = ?",
+            (hash_cell(prev), run, seq),
+        )
 
 
 def test_intact_journal_verifies(journal: tuple[Path, str, str]) -> None:
@@ -100,29 +111,67 @@ Tamper = Callable[[sqlite3.Connection, str, str], None]
 
 def _forge_payload(db: sqlite3.Connection, run: str, _c: str) -> None:
     forged = ev.encode(ev.ChatMessage(step=1, agent="b", text="forged"))
-    db.execute("UPDATE events SET payload = ? WHERE run_id = ? AND seq = 6", (forged, run))
+    db.execute(f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = 6", (forged, run))
 
 
 def _step_column(db: sqlite3.Connection, run: str, _c: str) -> None:
-    db.execute("UPDATE events SET step = 100 WHERE run_id = ? AND seq = 5", (run,))
+    db.execute(f"UPDATE events SET step = 100 WHERE run_key = {KEY_OF} AND seq = 5", (run,))
 
 
 def _kind_column(db: sqlite3.Connection, run: str, _c: str) -> None:
-    db.execute("UPDATE events SET kind = 'tool_call' WHERE run_id = ? AND seq = 5", (run,))
+    code = KIND_CODES["tool_call"]
+    db.execute(f"UPDATE events SET kind = ? WHERE run_key = {KEY_OF} AND seq = 5", (code, run))
 
 
 def _orphan_events(db: sqlite3.Connection, run: str, _c: str) -> None:
+    db.execute("PRAGMA foreign_keys = OFF")
     db.execute(
-        "INSERT INTO events SELECT 'ghost', seq, step, kind, version, payload, hash FROM events"
-        " WHERE run_id = ? AND seq < 4",
+        "INSERT INTO events SELECT 999 * 4294967296 + seq, 999, seq, step, kind, version,"
+        f" payload, hash FROM events WHERE run_key = {KEY_OF} AND seq < 4",
         (run,),
     )
 
 
-def _not_utf8_kind(db: sqlite3.Connection, run: str, _c: str) -> None:
+def _unknown_kind(db: sqlite3.Connection, run: str, _c: str) -> None:
+    db.execute(f"UPDATE events SET kind = 77 WHERE run_key = {KEY_OF} AND seq = 7", (run,))
+
+
+def _kind_as_text(db: sqlite3.Connection, run: str, _c: str) -> None:
     db.execute(
-        "UPDATE events SET kind = CAST(x'ff6b' AS TEXT) WHERE run_id = ? AND seq = 7", (run,)
+        f"UPDATE events SET kind = 'chat_message' WHERE run_key = {KEY_OF} AND seq = 7", (run,)
     )
+
+
+def _hash_cut(db: sqlite3.Connection, run: str, _c: str) -> None:
+    db.execute(
+        f"UPDATE events SET hash = substr(hash, 1, 16) WHERE run_key = {KEY_OF} AND seq = 7",
+        (run,),
+    )
+
+
+def _hash_as_text(db: sqlite3.Connection, run: str, _c: str) -> None:
+    db.execute(
+        f"UPDATE events SET hash = 'b2:' || lower(hex(hash)) WHERE run_key = {KEY_OF} AND seq = 4",
+        (run,),
+    )
+
+
+def _run_key_moved(db: sqlite3.Connection, run: str, _c: str) -> None:
+    db.execute("PRAGMA foreign_keys = OFF")
+    db.execute("UPDATE runs SET run_key = 500 WHERE run_id = ?", (run,))
+
+
+def _key_disagrees(db: sqlite3.Connection, run: str, _c: str) -> None:
+    db.execute("PRAGMA ignore_check_constraints = ON")
+    db.execute(f"UPDATE events SET seq = 70 WHERE run_key = {KEY_OF} AND seq = 7", (run,))
+
+
+def _kind_renamed(db: sqlite3.Connection, _r: str, _c: str) -> None:
+    db.execute("UPDATE kinds SET name = 'forged' WHERE code = 6")
+
+
+def _kind_dropped(db: sqlite3.Connection, _r: str, _c: str) -> None:
+    db.execute("DELETE FROM kinds WHERE code = 3")
 
 
 def _not_utf8_label(db: sqlite3.Connection, run: str, _c: str) -> None:
@@ -131,16 +180,17 @@ def _not_utf8_label(db: sqlite3.Connection, run: str, _c: str) -> None:
 
 def _payload_as_text(db: sqlite3.Connection, run: str, _c: str) -> None:
     db.execute(
-        "UPDATE events SET payload = CAST(payload AS TEXT) WHERE run_id = ? AND seq = 3", (run,)
+        f"UPDATE events SET payload = CAST(payload AS TEXT) WHERE run_key = {KEY_OF} AND seq = 3",
+        (run,),
     )
 
 
 def _seq_as_text(db: sqlite3.Connection, run: str, _c: str) -> None:
-    db.execute("UPDATE events SET step = 'two' WHERE run_id = ? AND seq = 8", (run,))
+    db.execute(f"UPDATE events SET step = 'two' WHERE run_key = {KEY_OF} AND seq = 8", (run,))
 
 
 def _removed_event(db: sqlite3.Connection, run: str, _c: str) -> None:
-    db.execute("DELETE FROM events WHERE run_id = ? AND seq = 9", (run,))
+    db.execute(f"DELETE FROM events WHERE run_key = {KEY_OF} AND seq = 9", (run,))
 
 
 def _fork_point_moved(db: sqlite3.Connection, _r: str, child: str) -> None:
@@ -176,8 +226,16 @@ CORPUS: list[tuple[str, Tamper, set[tuple[str | None, int | None, str]]]] = [
     ("forged payload", _forge_payload, {("R", 6, "hash")}),
     ("step column edited", _step_column, {("R", 5, "step")}),
     ("kind column edited", _kind_column, {("R", 5, "hash"), ("R", 5, "kind")}),
-    ("events without a run", _orphan_events, {("ghost", 0, "orphan")}),
-    ("kind not UTF-8", _not_utf8_kind, {("R", 7, "encoding"), ("R", 7, "hash")}),
+    ("events without a run", _orphan_events, {(None, 0, "orphan")}),
+    ("kind code unknown", _unknown_kind, {("R", 7, "kind"), ("R", 7, "hash")}),
+    ("kind cell is text", _kind_as_text, {("R", 7, "kind"), ("R", 7, "hash")}),
+    ("hash cell cut short", _hash_cut, {("R", 7, "type"), ("R", 7, "hash")}),
+    ("hash cell is text", _hash_as_text, {("R", 4, "type")}),
+    # the run row now names key 500; its events still carry the old key
+    ("run key points nowhere", _run_key_moved, {(None, 0, "orphan"), ("C", 100, "fork_point")}),
+    ("row key disagrees with run_key and seq", _key_disagrees, {("R", 70, "key")}),
+    ("kind renamed", _kind_renamed, {(None, None, "kinds")}),
+    ("kind code dropped", _kind_dropped, {(None, None, "kinds")}),
     ("label not UTF-8", _not_utf8_label, {("R", None, "encoding")}),
     ("payload stored as TEXT", _payload_as_text, {("R", 3, "type")}),
     ("step cell is text", _seq_as_text, {("R", 8, "type"), ("R", 8, "step")}),
@@ -186,7 +244,7 @@ CORPUS: list[tuple[str, Tamper, set[tuple[str | None, int | None, str]]]] = [
     (
         "parent run row deleted",
         _parent_deleted,
-        {("C", None, "missing_parent"), ("R", 0, "orphan")},
+        {("C", None, "missing_parent"), (None, 0, "orphan")},
     ),
     ("forged snapshot", _forged_snapshot, {("R", 512, "snapshot")}),
     ("garbage snapshot", _garbage_snapshot, {("R", 512, "snapshot")}),
@@ -287,7 +345,9 @@ def test_rechained_run_found_only_with_anchor(journal: tuple[Path, str, str]) ->
     anchor = anchor_of(path)
     db = raw(path)
     forged = ev.encode(ev.ChatMessage(step=99, agent="b", text="forged"))
-    db.execute("UPDATE events SET payload = ? WHERE run_id = ? AND seq = 300", (forged, run))
+    db.execute(
+        f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = 300", (forged, run)
+    )
     rechain(db, run, 300)
     db.close()
     assert findings(check(path)) == set()  # the chain alone is fooled
@@ -303,7 +363,7 @@ def test_truncated_tail_found_with_anchor(journal: tuple[Path, str, str]) -> Non
     anchor = anchor_of(path)
     db = raw(path)
     db.execute("DELETE FROM snapshots")
-    db.execute("DELETE FROM events WHERE run_id = ? AND seq >= 590", (run,))
+    db.execute(f"DELETE FROM events WHERE run_key = {KEY_OF} AND seq >= 590", (run,))
     db.close()
     problems = [p for p in check(path, anchor).problems if p.code == "truncated"]
     assert [(p.run_id, p.seq) for p in problems] == [(run, 590)]
@@ -315,7 +375,7 @@ def test_deleted_run_found_with_anchor(journal: tuple[Path, str, str]) -> None:
     path, _run, child = journal
     anchor = anchor_of(path)
     db = raw(path)
-    db.execute("DELETE FROM events WHERE run_id = ?", (child,))
+    db.execute(f"DELETE FROM events WHERE run_key = {KEY_OF}", (child,))
     db.execute("DELETE FROM runs WHERE run_id = ?", (child,))
     db.close()
     assert findings(check(path)) == set()
@@ -375,7 +435,7 @@ def test_anchor_cli_round_trip(journal: tuple[Path, str, str], tmp_path: Path) -
     assert res.returncode == 0 and "2 runs match the anchor" in res.stdout, res.stderr
     db = raw(path)
     db.execute(
-        "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 10",
+        f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = 10",
         (ev.encode(ev.ChatMessage(step=3, agent="a", text="x")), run),
     )
     rechain(db, run, 10)
@@ -434,30 +494,32 @@ def test_postgres_tampering_and_anchor(pg_url: str) -> None:
             anchor = make_anchor(j, KEY, "t")
             assert verify_journal(j, anchor=anchor).ok
         with psycopg.connect(dsn, autocommit=True) as c:
-            for t in ("events", "runs", "texts"):
+            for t in ("events", "runs", "texts", "kinds"):
                 c.execute(f"ALTER TABLE {t} DISABLE TRIGGER USER")  # type: ignore[arg-type]
             (h,) = c.execute("SELECT hash FROM texts ORDER BY hash LIMIT 1").fetchone()  # type: ignore[misc]
             c.execute("UPDATE texts SET body = body || 'x'::bytea WHERE hash = %s", (h,))
-            c.execute("DELETE FROM events WHERE run_id = %s", (child,))
+            c.execute(f"DELETE FROM events WHERE run_key = {KEY_OF_PG}", (child,))
             c.execute("DELETE FROM runs WHERE run_id = %s", (child,))
             rows = c.execute(
-                "SELECT seq, kind, version, hash FROM events WHERE run_id = %s AND seq >= 30"
-                " ORDER BY seq",
+                "SELECT seq, kind, version, hash FROM events"
+                f" WHERE run_key = {KEY_OF_PG} AND seq >= 30 ORDER BY seq",
                 (run,),
             ).fetchall()
-            prev = c.execute(
-                "SELECT hash FROM events WHERE run_id = %s AND seq = 29", (run,)
-            ).fetchone()[0]  # type: ignore[index]
+            prev = hash_text(
+                c.execute(
+                    f"SELECT hash FROM events WHERE run_key = {KEY_OF_PG} AND seq = 29", (run,)
+                ).fetchone()[0]  # type: ignore[index]
+            )
             forged = ev.encode(ev.ChatMessage(step=6, agent="planner", text="forged"))
             for seq, kind, version, _h in rows:
                 with Journal(target, readonly=True) as j:
                     body = forged if seq == 30 else next(j.read(run, seq, seq + 1)).payload
-                k = "chat_message" if seq == 30 else kind
+                k = "chat_message" if seq == 30 else KIND_NAMES[kind]
                 prev = chain_hash(prev, seq, k, version, body)
                 c.execute(
-                    "UPDATE events SET payload = %s, kind = %s, hash = %s WHERE run_id = %s"
-                    " AND seq = %s",
-                    (body, k, prev, run, seq),
+                    "UPDATE events SET payload = %s, kind = %s, hash = %s"
+                    f" WHERE run_key = {KEY_OF_PG} AND seq = %s",
+                    (body, KIND_CODES[k], hash_cell(prev), run, seq),
                 )
         with Journal(target, readonly=True) as j:
             plain = verify_journal(j)

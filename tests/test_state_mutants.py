@@ -13,7 +13,7 @@ import pytest
 from engine import events as ev
 from engine import state as st
 from engine.errors import InterventionError
-from engine.journal import Journal, chain_hash
+from engine.journal import KIND_CODES, SPAN, Journal, chain_hash, hash_cell
 from engine.policies.base import ChatLine
 from engine.state import CONTEXT_AGENT, State, build_snapshots, edit_transcript, fold, state_at
 
@@ -184,6 +184,7 @@ def test_old_version_payloads_are_upcast_in_the_fold(tmp_path: Path) -> None:
         run = j.create_run("s")
         j.append(run, [START], 0)
         prev = j.hash_at(run, 0)
+        key = j.run_key(run)
     raw = {
         "kind": "tool_result",
         "agent": "a",
@@ -196,9 +197,18 @@ def test_old_version_payloads_are_upcast_in_the_fold(tmp_path: Path) -> None:
     payload = msgspec.msgpack.encode(raw)
     con = sqlite3.connect(path)
     con.execute(
-        "INSERT INTO events (run_id, seq, step, kind, version, payload, hash)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (run, 1, 0, "tool_result", 1, payload, chain_hash(prev, 1, "tool_result", 1, payload)),
+        "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            key * SPAN + 1,
+            key,
+            1,
+            0,
+            KIND_CODES["tool_result"],
+            1,
+            payload,
+            hash_cell(chain_hash(prev, 1, "tool_result", 1, payload)),
+        ),
     )
     con.commit()
     con.close()
