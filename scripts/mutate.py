@@ -65,6 +65,7 @@ MODULES: dict[str, list[str]] = {
     ],
     "engine/replay.py": [
         "tests/test_replay_match.py",
+        "tests/test_replay_mutants.py",
     ],
     "engine/interventions.py": [
         "tests/test_interventions.py",
