@@ -68,6 +68,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_replay_mutants.py",
     ],
     "engine/interventions.py": [
+        "tests/test_interventions_mutants.py",
         "tests/test_interventions.py",
         "tests/test_boundaries.py",
     ],
