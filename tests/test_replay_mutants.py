@@ -157,6 +157,25 @@ def test_a_stop_cancels_the_steps_not_started(runs: tuple[Journal, dict[str, str
     assert 1 <= len(probe.seen) < 6
 
 
+def test_a_stop_does_not_wait_for_a_call_in_flight(runs: tuple[Journal, dict[str, str]]) -> None:
+    """A stop requested while a policy call hangs (2 s here) ends the threaded replay at the
+    next poll: Interrupted within a second, without waiting for the call to return."""
+    j, made = runs
+    probe = _fresh("probe")
+    probe.delay = 2.0
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Interrupted):
+            fidelity(j, made["probe"], concurrency=1, progress=lambda d, t: STOP.set())
+        elapsed = time.monotonic() - t0
+    finally:
+        STOP.clear()
+        probe.delay = 0.0
+        time.sleep(2.2)  # let the abandoned call return before the next test
+    assert elapsed < 1.0, elapsed
+    assert len(probe.seen) == 1
+
+
 def test_provenance_carries_both_fingerprints(runs: tuple[Journal, dict[str, str]]) -> None:
     """A divergence's provenance has the recorded and the new model and fingerprint; a
     recorded fingerprint that differs is the explanation."""
@@ -370,11 +389,15 @@ def test_report_entries_by_hand() -> None:
 def test_short_diff_widths_and_long_runs() -> None:
     """The default width is 240 characters; a text of exactly the width is kept whole; an
     insertion of several words is joined by spaces; a run of 250 equal words is one equal
-    run (no junk heuristic), elided to its first and last word."""
+    run, elided to its first and last word, even where difflib's junk heuristic (off here)
+    would call a word that makes up most of a long text junk."""
     assert short_diff("", "x" * 236) == "{+" + "x" * 236 + "+}"  # 240 characters: whole
     cut = short_diff("", "x" * 237)  # 241 characters
     assert len(cut) == 240 and cut.endswith("…")
     assert short_diff("a", "a", width=1) == "a"
     assert short_diff("a", "a b c") == "a {+b c+}"
-    words = " ".join(["x"] * 250)
-    assert short_diff(words + " end", words + " END") == "x … x [-end-] {+END+}"
+    hundred = " ".join(["x"] * 100)
+    # 300 x against 100 x, q, 100 x: without the junk heuristic q is one deleted word
+    assert short_diff(f"{hundred} q {hundred}", " ".join(["x"] * 300)) == (
+        "x … x [-q-] x … x {+" + hundred + "+}"
+    )
