@@ -267,3 +267,80 @@ def test_fork_with_an_override_for_the_runs_policy(tmp_path: Path) -> None:
         with pytest.raises(InterventionError, match="--model do not apply to policy sim"):
             fork_many(j, run, DoResample(1), 1, policy_override={"model": "m"})
         assert len(j.children(run)) == 1
+
+
+def test_out_of_range_names_the_last_step(recorded: tuple[Journal, str]) -> None:
+    """A step past the end is refused naming the run's steps 0..n-1; do_context may edit only
+    a step before k (k itself is refused)."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    with pytest.raises(
+        InterventionError, match=rf"^step 6 is out of range: run {run!r} has steps 0\.\.5$"
+    ):
+        validate(parent, DoResample(6))
+    with pytest.raises(InterventionError, match=r"earlier step's message \(0\.\.2\), got step 3"):
+        validate(parent, DoContext(3, {"step": 3, "text": "t"}))
+    validate(parent, DoContext(3, {"step": 2, "text": "t"}))  # the step just before k is fine
+
+
+def test_parent_info_of_a_run_without_an_end(tmp_path: Path) -> None:
+    """A run that has not ended has no outcome yet: an empty one, not a missing one."""
+    with Journal(tmp_path / "j.db") as j:
+        full = record_heist(j, SimPolicy(), seed=4, rounds=1).run_id
+        events = j.events(full)
+        run = j.create_run("heist")
+        j.append(run, events[:3], 0)
+        info = parent_info(j, run)
+    assert (info.status, info.outcome) == ("recording", {})
+
+
+def test_one_policy_object_per_spec() -> None:
+    """policy_for builds a policy once per spec (key order does not matter) and reuses it."""
+    from engine.interventions import policy_for
+
+    a = policy_for({"name": "sim", "drift": 0.0})
+    assert policy_for({"drift": 0.0, "name": "sim"}) is a
+    assert policy_for({"name": "sim-honest"}) is not a
+
+
+def test_prepared_bases_keep_each_messages_step(tmp_path: Path) -> None:
+    """The prefix conversation of a base prepared in one pass keeps every message's step."""
+    from engine.interventions import branch_base, prepare_bases
+
+    with Journal(tmp_path / "j.db") as j:
+        run = record_heist(j, SimPolicy(), seed=6, rounds=1).run_id
+        parent = parent_info(j, run)
+        assert prepare_bases(j, parent) == 6
+        base = branch_base(j, parent, 4)
+    assert [line.step for line in base.prefix] == [0, 1, 2, 3]
+
+
+def test_runner_mode_by_policy_and_concurrency(recorded: tuple[Journal, str]) -> None:
+    """The embedded policy runs inline one at a time and in processes (SQLite) at
+    concurrency 2; a policy waiting on a server (thread_policy) runs in threads."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    with BranchRunner(j, parent, all_bases=False) as r:
+        assert r.mode == "inline"
+    with BranchRunner(j, parent, all_bases=False, thread_policy=True) as r:
+        assert r.mode == "threads"
+    with BranchRunner(j, parent, all_bases=False, concurrency=2) as r:
+        assert r.mode == "processes"
+
+
+def test_utc_now_is_timezone_aware() -> None:
+    """The 'since' mark of a runner is UTC with its offset, as run rows' created_at are."""
+    from engine.interventions import _utc_now
+
+    assert _utc_now().endswith("+00:00")
+
+
+def test_do_policy_with_an_override_journals_it_in_the_value(tmp_path: Path) -> None:
+    """With do_policy, --drift applies to the policy swapped in and is part of the
+    intervention's value (parsed to its type)."""
+    with Journal(tmp_path / "j.db") as j:
+        run = record_heist(j, SimPolicy(), seed=4, rounds=1).run_id
+        rep = fork_many(
+            j, run, DoPolicy(1, {"name": "sim-honest"}), 1, policy_override={"drift": "0"}
+        )
+    assert (rep.at, rep.value) == (1, {"name": "sim-honest", "drift": 0.0})
