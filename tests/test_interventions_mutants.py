@@ -344,3 +344,45 @@ def test_do_policy_with_an_override_journals_it_in_the_value(tmp_path: Path) -> 
             j, run, DoPolicy(1, {"name": "sim-honest"}), 1, policy_override={"drift": "0"}
         )
     assert (rep.at, rep.value) == (1, {"name": "sim-honest", "drift": 0.0})
+
+
+def test_fork_interval_is_the_95_percent_wilson() -> None:
+    """A fork's interval is Wilson's at 95% (scipy's binomtest), for 3 bad of 10 branches."""
+    from scipy.stats import binomtest
+
+    from engine.interventions import BranchResult
+
+    branches = [BranchResult(f"r{i}", "completed", i < 3) for i in range(10)]
+    rep = ForkReport.of("p", DoResample(0), branches, True)
+    want = binomtest(3, 10).proportion_ci(0.95, method="wilson")
+    assert rep.ci == pytest.approx((want.low, want.high))
+    assert (rep.bad, rep.scored, rep.bad_rate) == (3, 10, 0.3)
+
+
+def test_json_depth_counts_only_brackets_and_closes_one_level() -> None:
+    """A closing bracket closes one level (not back to the first); other characters close
+    nothing."""
+    assert not _json_depth_ok("[[[][[]]]]", 3)  # reaches depth 4 after closing one level
+    assert not _json_depth_ok("[[X[[", 3)
+
+
+def test_resample_value_message_in_full() -> None:
+    """do_resample with a value is refused with exactly that message."""
+    with pytest.raises(InterventionError, match=r"^do_resample takes no --value$"):
+        parse_intervention("resample", 1, "x")
+
+
+def test_prepare_bases_up_to_a_step(recorded: tuple[Journal, str]) -> None:
+    """prepare_bases(upto=3) computes the bases of steps 0, 1 and 2: three, no more."""
+    from engine.interventions import prepare_bases
+
+    j, run = recorded
+    assert prepare_bases(j, parent_info(j, run), upto=3) == 3
+
+
+def test_runner_mode_follows_an_overridden_policy_name(recorded: tuple[Journal, str]) -> None:
+    """An override that names a policy decides the runner's mode by that name."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    with BranchRunner(j, parent, all_bases=False, policy_override={"name": "sim-honest"}) as r:
+        assert r.mode == "inline"
