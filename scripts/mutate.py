@@ -114,6 +114,7 @@ MODULES: dict[str, list[str]] = {
     ],
     "engine/detect/rules.py": [
         "tests/test_detect_rules.py",
+        "tests/test_detect_rules_mutants.py",
     ],
     "engine/detect/analysis.py": [
         "tests/test_detect_analysis.py",
