@@ -98,6 +98,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_attribute_reuse.py",
     ],
     "engine/heist/tools.py": [
+        "tests/test_tools_mutants.py",
         "tests/test_tools.py",
         "tests/test_tools_hostile.py",
         "tests/test_boundaries.py",
