@@ -169,3 +169,25 @@ def test_bad_arguments_fail_loudly(kwargs: dict[str, object], match: str) -> Non
     """Misspelled modes and impossible settings are ConfigErrors saying what was expected."""
     with pytest.raises(ConfigError, match=match):
         contrastive(MODELS["refund_pivot"], rng=np.random.default_rng(0), **kwargs)  # type: ignore[arg-type]
+
+
+def test_result_to_dict_keys_and_settings() -> None:
+    """to_dict() names exactly its fields; the confidence and the CRN setting are the ones
+    asked for, each step names the agent that acted there, and the fixed scan's steps say
+    they come from the fixed phase."""
+    model = MODELS["and_interaction"]
+    result = contrastive(
+        model, rng=np.random.default_rng(2), mode="fixed", k=20, confidence=0.9, crn=False
+    )
+    data = result.to_dict()
+    assert set(data) == {
+        "mode", "confidence", "crn", "target_half_width", "locus", "locus_label",
+        "forward_runs", "all_steps", "steps",
+    }  # fmt: skip
+    assert (data["confidence"], data["crn"], data["mode"]) == (0.9, False, "fixed")
+    for s in data["steps"]:
+        assert set(s) == {
+            "step", "label", "agent", "effect", "ci", "n", "excludes_zero", "level", "phase",
+        }  # fmt: skip
+        assert s["agent"] == model.step_agents[s["step"]] and s["phase"] == "fixed"
+        assert s["level"] == pytest.approx(0.9)
