@@ -68,8 +68,11 @@ def test_parse_intervention_builds_each_op() -> None:
         ("openai:max_tokens=2.5", "policy option max_tokens must be a whole number, got '2.5'"),
         ("openai:model=", "policy option model must not be empty"),
         ("sim:drift", "policy option 'drift' must look like key=value"),
-        ("sim:model=m", r"unknown option 'model' for policy sim \(valid: drift\)"),
-        ("sim-honest:x=1", r"unknown option 'x' for policy sim-honest \(valid: drift\)"),
+        ("sim:model=m", r"unknown option 'model' for policy sim \(valid: drift, drift_seed\)"),
+        (
+            "sim-honest:x=1",
+            r"unknown option 'x' for policy sim-honest \(valid: drift, drift_seed\)",
+        ),
         (
             "gpt-9",
             "unknown policy 'gpt-9' for do_policy; expected one of: sim, sim-honest, openai$",
