@@ -21,6 +21,11 @@ Version history:
           back-reference `STR_EXT` to the event that holds it inline, an LLM request a delta
           (`REQ_EXT`) of an earlier request, a system prompt a `TEXT_EXT` reference as in v3.
           Resolved, the bytes are the canonical v2-shaped ones: the upcaster is the identity.
+  4 -> 5: the stored payload is positional (docs/decisions.md, entry 42): an array of the
+          kind's code, a bit mask of the fields present and their values, in the order of
+          `STORED_FIELDS` (field names are no longer stored); an LLM request's delta may copy
+          from two bases, the agent's previous request and the latest one of the history.
+          Resolved, the bytes are the canonical v2-shaped map: the upcaster is the identity.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any, Union, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # from this version on the event shapes are those of today's Structs (3 and 4 changed storage)
 SAME_SHAPE_SINCE = 2
 TEXT_EXT = 1
@@ -143,6 +148,63 @@ AnyEvent = (
 )
 
 SECRET_KINDS = frozenset({"mole_assigned"})
+
+# Each kind's code: the `kinds` table's rows (migrations/versions/0005_integer_rows.py writes
+# the same) and the first item of a stored v5 payload. A new kind gets a new code in a new
+# revision, never a reused one.
+KIND_CODES: dict[str, int] = {
+    "run_started": 1,
+    "mole_assigned": 2,
+    "llm_call": 3,
+    "tool_call": 4,
+    "tool_result": 5,
+    "chat_message": 6,
+    "intervention": 7,
+    "control": 8,
+    "suspicion_declared": 9,
+    "run_ended": 10,
+}
+KIND_NAMES: dict[int, str] = {code: name for name, code in KIND_CODES.items()}
+
+# The position of each field in a stored v5 payload (bit i of its mask, its i-th value):
+# written down once, because stored rows outlive the Structs. A new field is appended at the
+# end of its kind's tuple, wherever the Struct declares it; a position is never reused.
+STORED_FIELDS: dict[str, tuple[str, ...]] = {
+    "run_started": (
+        "scenario",
+        "config",
+        "agents",
+        "policy",
+        "root_seed",
+        "engine_version",
+        "started_at",
+        "rounds",
+        "context_window",
+        "step",
+    ),
+    "mole_assigned": ("agent", "strategy", "instructions", "step"),
+    "llm_call": (
+        "agent",
+        "request",
+        "seed",
+        "model",
+        "response",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "system_fingerprint",
+        "latency_ms",
+        "server",
+        "step",
+    ),
+    "tool_call": ("agent", "tool", "param", "step"),
+    "tool_result": ("agent", "tool", "param", "ok", "output", "error", "step"),
+    "chat_message": ("agent", "text", "step"),
+    "intervention": ("op", "at", "value", "branch_seed", "step"),
+    "control": ("action", "reason", "step"),
+    "suspicion_declared": ("suspect", "verdict", "mole", "strategy", "step"),
+    "run_ended": ("status", "outcome", "error", "step"),
+}
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[AnyEvent] = msgspec.msgpack.Decoder(AnyEvent)  # type: ignore[arg-type]
 _raw_decoder = msgspec.msgpack.Decoder()
@@ -226,12 +288,62 @@ _fold_stored_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
 )
 
 
+_refusing_decoder = msgspec.msgpack.Decoder(ext_hook=_refuse_ext)
+# a stored v5 payload's items left undecoded: the fold takes three fields of an LLM call
+_items_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+def _fold_llm_call(stored: bytes) -> Event | None:
+    """FoldLlmCall of a stored v5 LLM call: its agent, seed and step decoded, the request and
+    response (which hold references) never looked at."""
+    items = _items_decoder.decode(stored)
+    if len(items) < 2:
+        return None
+    code, mask = KIND_CODES["llm_call"], _refusing_decoder.decode(items[1])
+    layout = _LAYOUTS.get((code, mask)) if type(mask) is int else None
+    if layout is None:
+        layout = _layout(code, mask)  # ValueError for a malformed mask
+    _kind, names, _order = layout
+    if len(items) - 2 != len(names):
+        return None
+    got = {}
+    for name in ("agent", "seed", "step"):
+        if name in names:
+            got[name] = _refusing_decoder.decode(items[2 + names.index(name)])
+    agent, seed, step = got.get("agent"), got.get("seed"), got.get("step")
+    if type(agent) is not str or type(seed) is not int or not (step is None or type(step) is int):
+        return None
+    return FoldLlmCall(agent=agent, seed=seed, step=step)
+
+
 def decode_stored_for_fold(stored: bytes) -> Event | None:
-    """The fold's view of a stored v4 payload without resolving it, None when a field the fold
-    reads holds a reference (then the payload must be resolved first)."""
+    """The fold's view of a stored v4 or v5 payload without resolving it, None when a field
+    the fold reads holds a reference (then the payload must be resolved first)."""
+    if stored[:1] and (0x90 <= stored[0] <= 0x9F or stored[0] in (0xDC, 0xDD)):
+        return _fold_positional(stored)
     try:
         return _fold_stored_decoder.decode(stored)  # type: ignore[no-any-return]
     except (_HasReference, msgspec.DecodeError):
+        return None
+
+
+def _fold_positional(stored: bytes) -> Event | None:
+    try:
+        if len(stored) > 1 and stored[1] == KIND_CODES["llm_call"]:
+            return _fold_llm_call(stored)
+        else:
+            # any reference in another kind is in a field the fold reads: give up at the first
+            tree = from_positional(_refusing_decoder.decode(stored))
+    except (_HasReference, ValueError, msgspec.DecodeError):
+        return None
+    if tree["kind"] == "llm_call":
+        # what the fold skips may hold references; FoldLlmCall has no such fields
+        tree.pop("request", None)
+        tree.pop("response", None)
+    try:
+        # a reference left in a field the fold reads cannot be encoded: resolve it first
+        return _fold_decoder.decode(_encoder.encode(tree))  # type: ignore[no-any-return]
+    except (TypeError, msgspec.DecodeError):
         return None
 
 
@@ -352,6 +464,7 @@ REQ_EXT = 3  # first item of a request stored as a delta: the seq of its base re
 # reading one call alone resolves at most that many earlier requests
 KEYFRAME_DEPTH = 32
 SMALL_REQUEST = 96  # encoded bytes up to which a request is never a delta
+MORE_CANDIDATES = 8  # v5: inline strings remembered per first or last MIN_REF characters
 # a system prompt this long goes to `texts`, once per journal rather than once per run tree:
 # every run of the same crew, and every branch forked before an agent's first call, shares it
 SHARED_TEXT = 256
@@ -391,14 +504,75 @@ def _inline_strings(tree: Any, out: list[str]) -> None:
 
 
 def _event_strings(tree: Any) -> list[str]:
-    """`_inline_strings` of a decoded stored event: its own kind never counts (the writer leaves
-    it as it is)."""
+    """`_inline_strings` of a decoded stored event, in stored order: its own kind never counts
+    (the writer leaves it as it is), nor the code and mask of a positional (v5) one."""
     out: list[str] = []
     if type(tree) is dict:
         for k, x in tree.items():
             if k != "kind":
                 _inline_strings(x, out)
+    elif type(tree) is list:
+        for x in tree[2:]:
+            _inline_strings(x, out)
     return out
+
+
+# field name -> its stored position, per kind; and each kind's fields in the order its Struct
+# encodes them (the order of the canonical bytes a positional payload is rebuilt into)
+_POSITION: dict[str, dict[str, int]] = {
+    kind: {name: i for i, name in enumerate(names)} for kind, names in STORED_FIELDS.items()
+}
+_ENCODE_ORDER: dict[str, tuple[str, ...]] = {
+    t.__struct_config__.tag: t.__struct_fields__  # type: ignore[misc]
+    for t in get_args(AnyEvent)
+}
+
+
+def from_positional(tree: Any) -> dict[str, Any]:
+    """The map of a decoded stored v5 payload `[code, mask, values...]`, keyed and ordered as
+    the event's canonical encoding (its values still in stored form). ValueError when it is
+    not one."""
+    if type(tree) is not list or len(tree) < 2:
+        raise ValueError("a stored v5 event is not [code, mask, values...]")
+    code, mask = tree[0], tree[1]
+    layout = _LAYOUTS.get((code, mask)) if type(code) is int and type(mask) is int else None
+    if layout is None:
+        layout = _layout(code, mask)
+    kind, names, order = layout
+    if len(tree) - 2 != len(names):
+        raise ValueError(
+            f"a {kind} event holds {len(tree) - 2} values where its mask names {len(names)}"
+        )
+    out: dict[str, Any] = {"kind": kind}
+    if order is None:
+        out.update(zip(names, tree[2:], strict=True))
+    else:
+        for i in order:
+            out[names[i]] = tree[2 + i]
+    return out
+
+
+# (code, mask) -> the kind, the names of the fields present in stored order, and the order
+# to emit them in (None: the stored order is the Struct's). At most 2**fields masks a kind.
+_LAYOUTS: dict[tuple[int, int], tuple[str, tuple[str, ...], tuple[int, ...] | None]] = {}
+
+
+def _layout(code: Any, mask: Any) -> tuple[str, tuple[str, ...], tuple[int, ...] | None]:
+    kind = KIND_NAMES.get(code) if type(code) is int else None
+    if kind is None:
+        raise ValueError(f"unknown event kind code {code!r}")
+    stored = STORED_FIELDS[kind]
+    if type(mask) is not int or mask < 0 or mask >> len(stored):
+        raise ValueError(f"malformed field mask {mask!r} of a {kind} event")
+    names = tuple(name for i, name in enumerate(stored) if mask >> i & 1)
+    encode_order = [n for n in _ENCODE_ORDER[kind] if n in names]
+    if len(encode_order) != len(names):
+        lacking = sorted(set(names) - set(encode_order))
+        raise ValueError(f"a {kind} event holds fields its type lacks: {lacking}")
+    order = None if tuple(encode_order) == names else tuple(names.index(n) for n in encode_order)
+    layout = (kind, names, order)
+    _LAYOUTS[(code, mask)] = layout
+    return layout
 
 
 class Compactor:
@@ -409,12 +583,22 @@ class Compactor:
     Memory is only what this writer put down or loaded; whatever it does not know is written
     inline, so a cold compactor costs bytes, never correctness."""
 
-    def __init__(self) -> None:
+    def __init__(self, positional: bool = True) -> None:
+        # v5 (positional payloads, two-base request deltas) or v4 (maps, one base)
+        self.positional = positional
         self.strings: dict[str, tuple[int, int]] = {}
         # first and last MIN_REF characters of inline strings -> the longest such string: how
         # a message that quotes a text ("agent: text", "TOOL RESULT x(p): output") is found
         self.heads: dict[str, str] = {}
         self.tails: dict[str, str] = {}
+        # v5: every recent inline string per first and last MIN_REF characters, not only the
+        # longest: templated texts share beginnings and endings ("... [PLAN:key=value].")
+        self.more_heads: dict[str, list[str]] = {}
+        self.more_tails: dict[str, list[str]] = {}
+        # v5, a branch's writer: strings inline in the parent's own events past the fork point
+        # (not in the branch's history) -> (seq, index) there; a branch re-running its parent
+        # writes mostly strings the parent holds
+        self.far: dict[str, tuple[int, int]] = {}
         # agent -> (seq, request, depth of its delta chain)
         self.requests: dict[str, tuple[int, list[Any], int]] = {}
         self.last_request: tuple[int, list[Any], int] | None = None
@@ -451,32 +635,104 @@ class Compactor:
                 self.strings[t] = (seq, i)
                 self._index(t)
 
+    def learn_far(self, seq: int, stored: bytes) -> None:
+        """Remember the inline strings of event `seq` of the parent run, past the branch's fork
+        point (v5 only: a v4 reader knows no such reference)."""
+        if not self.positional:
+            return
+        found = _event_strings(_marked_decoder.decode(stored))
+        for i, t in enumerate(found):
+            if t not in self.far and t not in self.strings:
+                self.far[t] = (seq, i)
+                self._index(t)
+
+    def _part(self, t: str) -> list[Any]:
+        """The string part that names known string `t`: `[seq, i]` in the history, else
+        `[seq, i, None]` in the parent past the fork point."""
+        loc = self.strings.get(t)
+        if loc is not None:
+            return list(loc)
+        far = self.far[t]
+        return [far[0], far[1], None]
+
     def _index(self, t: str) -> None:
         h, e = t[:MIN_REF], t[-MIN_REF:]
         if len(self.heads.get(h, "")) < len(t):
             self.heads[h] = t
         if len(self.tails.get(e, "")) < len(t):
             self.tails[e] = t
+        if self.positional:
+            for key, table in ((h, self.more_heads), (e, self.more_tails)):
+                got = table.setdefault(key, [])
+                got.append(t)
+                if len(got) > MORE_CANDIDATES:
+                    del got[0]
+
+    def _quoted(self, s: str) -> str | None:
+        """The longest known inline string that `s` starts or ends with (shorter than `s`)."""
+        best: str | None = None
+        if self.positional:
+            for t in self.more_tails.get(s[-MIN_REF:], ()):
+                if len(t) < len(s) and s.endswith(t) and (best is None or len(t) > len(best)):
+                    best = t
+            for t in self.more_heads.get(s[:MIN_REF], ()):
+                if len(t) < len(s) and s.startswith(t) and (best is None or len(t) > len(best)):
+                    best = t
+            return best
+        tail = self.tails.get(s[-MIN_REF:])
+        if tail is not None and len(tail) < len(s) and s.endswith(tail):
+            best = tail
+        head = self.heads.get(s[:MIN_REF])
+        if head is not None and len(head) < len(s) and s.startswith(head):
+            best = head if best is None or len(head) > len(best) else best
+        return best
 
     def compact(self, seq: int, payload: bytes) -> bytes:
-        """The stored v4 form of the canonical bytes of event `seq`."""
-        if len(payload) < MIN_REF:
+        """The stored form (v5, or v4 when not `positional`) of the canonical bytes of event
+        `seq`."""
+        if len(payload) < MIN_REF and not self.positional:
             return payload
         raw = _raw_decoder.decode(payload)
         if len(self.strings) > 20_000:  # bounded memory; forgetting costs bytes only
             self.strings.clear()
             self.heads.clear()
             self.tails.clear()
+            self.more_heads.clear()
+            self.more_tails.clear()
+            self.far.clear()
         self._idx = 0
         self._seq = seq
         self._new: list[str] = []
         self._changed = False  # a reference written: else the stored bytes are the payload
+        kind = raw.get("kind")
+        agent = str(raw.get("agent", ""))
+        if self.positional:
+            pos = _POSITION.get(kind)  # type: ignore[arg-type]
+            if pos is None:
+                raise ValueError(f"event kind {kind!r} has no stored field positions")
+            try:
+                # walked in stored order: back-references count inline strings in that order
+                items = sorted((pos[k], k, v) for k, v in raw.items() if k != "kind")
+            except KeyError as e:
+                raise ValueError(f"field {e.args[0]!r} of {kind} has no stored position") from e
+            mask = 0
+            values: list[Any] = [KIND_CODES[kind], 0]  # type: ignore[index]
+            for i, k, v in items:
+                mask |= 1 << i
+                if k == "request" and kind == "llm_call" and type(v) is list:
+                    values.append(self._request(agent, v))
+                else:
+                    values.append(self._walk(v))
+            values[1] = mask
+            for t in self._new:
+                self._index(t)
+            return _encoder.encode(values)
         out: dict[str, Any] = {}
         for k, v in raw.items():
             if k == "kind":
                 out[k] = v
-            elif k == "request" and raw.get("kind") == "llm_call" and type(v) is list:
-                out[k] = self._request(str(raw.get("agent", "")), v)
+            elif k == "request" and kind == "llm_call" and type(v) is list:
+                out[k] = self._request(agent, v)
             else:
                 out[k] = self._walk(v)
         for t in self._new:
@@ -517,23 +773,16 @@ class Compactor:
                 self.texts[d] = body
             self._changed = True
             return msgspec.msgpack.Ext(TEXT_EXT, d)
-        loc = self.strings.get(s)
-        if loc is not None:
+        if s in self.strings or s in self.far:
             self._changed = True
-            return msgspec.msgpack.Ext(STR_EXT, _encoder.encode([list(loc)]))
-        best = None
-        t = self.tails.get(s[-MIN_REF:])
-        if t is not None and len(t) < len(s) and s.endswith(t):
-            best = t
-        t = self.heads.get(s[:MIN_REF])
-        if t is not None and len(t) < len(s) and s.startswith(t):
-            best = t if best is None or len(t) > len(best) else best
+            return msgspec.msgpack.Ext(STR_EXT, _encoder.encode([self._part(s)]))
+        best = self._quoted(s)
         if best is not None:
             i = 0 if s.startswith(best) else len(s) - len(best)
             parts: list[Any] = []
             if i:
                 parts.append(s[:i])
-            parts.append(list(self.strings[best]))
+            parts.append(self._part(best))
             if i + len(best) < len(s):
                 parts.append(s[i + len(best) :])
             self._changed = True
@@ -571,44 +820,74 @@ class Compactor:
         return out
 
     def _request(self, agent: str, req: list[Any]) -> list[Any]:
-        prior = self.requests.get(agent) or self.last_request
+        own = self.requests.get(agent)
+        prior = own or self.last_request
         keys = [_msg_key(m) for m in req]
         # a request of a few short messages is stored as it is: a delta would save nothing
-        if (
-            prior is None
-            or prior[2] + 1 >= KEYFRAME_DEPTH
-            or None in keys
-            or len(_encoder.encode(req)) <= SMALL_REQUEST
-        ):
+        if prior is None or prior[2] + 1 >= KEYFRAME_DEPTH or None in keys or _small(req):
             self.note_request(agent, self._seq, req, 0, keys)
             return [self._message(m, None, ()) for m in req]
-        bseq, base, depth = prior
-        cached = self._keys.get(id(base))
-        if cached is None:
-            bkeys = [_msg_key(m) for m in base]
-            where: dict[Any, int] = {}
-            for i, k in enumerate(bkeys):
-                where.setdefault(k, i)
-        else:
-            bkeys, where = cached
+        # v5: the latest request of the history is a second base. Other agents see the same
+        # recent chat, so it holds this window but for the newest message, where the agent's
+        # own previous request holds its system prompt and is a whole turn older. Only one no
+        # deeper than the first: the depth of a delta (how many requests reading it alone
+        # resolves in a row) then grows by one per call of the agent, as with one base, where
+        # following the latest request each time would grow it by one per call of the run.
+        second = self.last_request if self.positional and own is not None else None
+        if second is not None and (second[0] == prior[0] or second[2] > prior[2]):
+            second = None
+        bases = [prior] if second is None else [prior, second]
+        indexed = [self._indexed(b[1]) for b in bases]
+        base = prior[1]
         self._changed = True
-        ops: list[Any] = [msgspec.msgpack.Ext(REQ_EXT, _encoder.encode(bseq))]
-        run: list[int] | None = None
+        ops: list[Any] = [None]
+        used = [True, False]
+        run: list[int] | None = None  # the copy op being extended: [a, b] or [a, b, 1]
         for i, (m, key) in enumerate(zip(req, keys, strict=True)):
-            if run is not None and run[1] < len(base) and bkeys[run[1]] == key:
-                run[1] += 1
-                continue
-            j = where.get(key)
+            if run is not None:
+                src = indexed[run[2] if len(run) == 3 else 0][0]
+                if run[1] < len(src) and src[run[1]] == key:
+                    run[1] += 1
+                    continue
+            best: list[int] | None = None
+            j = indexed[0][1].get(key)
             if j is not None:
-                run = [j, j + 1]
+                best = [j, j + 1]
+            if len(indexed) > 1:
+                j1 = indexed[1][1].get(key)
+                # in both bases: the one whose copy runs longer from here (the first on a tie)
+                if j1 is not None and (
+                    j is None or _run(keys, i, indexed[1][0], j1) > _run(keys, i, indexed[0][0], j)
+                ):
+                    best = [j1, j1 + 1, 1]
+            if best is not None:
+                run = best
+                used[len(best) == 3] = True
                 ops.append(run)
                 continue
             run = None
             # what it may be an edit of: the base's message at the same position, counted from
             # the end (the closing instruction of a turn) or from the start (a system prompt)
             ops.append(self._message(m, base, (len(base) - (len(req) - i), i)))
+        if used[1]:
+            head: Any = [prior[0], bases[1][0]]
+            depth = max(prior[2], bases[1][2])
+        else:
+            head, depth = prior[0], prior[2]
+        ops[0] = msgspec.msgpack.Ext(REQ_EXT, _encoder.encode(head))
         self.note_request(agent, self._seq, req, depth + 1, keys)
         return ops
+
+    def _indexed(self, base: list[Any]) -> tuple[list[Any], dict[Any, int]]:
+        """A base request's message keys and where each first occurs (cached per request)."""
+        cached = self._keys.get(id(base))
+        if cached is not None:
+            return cached
+        bkeys = [_msg_key(m) for m in base]
+        where: dict[Any, int] = {}
+        for i, k in enumerate(bkeys):
+            where.setdefault(k, i)
+        return bkeys, where
 
 
 def _splice(old: str, s: str, j: int) -> list[Any] | None:
@@ -655,8 +934,40 @@ def _prefix_suffix(old: str, s: str, j: int, p: int, q: int) -> list[Any] | None
     return parts
 
 
+def _small(req: list[Any]) -> bool:
+    """Whether a request (of messages that are maps of strings) encodes in SMALL_REQUEST
+    bytes at most; a long one is told by its characters, without encoding it."""
+    chars = 0
+    for m in req:
+        for k, v in m.items():
+            chars += len(k) + len(v)
+        if chars > SMALL_REQUEST:
+            return False  # each character is a byte at least
+    return len(_encoder.encode(req)) <= SMALL_REQUEST
+
+
+def _run(keys: list[Any], i: int, bkeys: list[Any], j: int) -> int:
+    """How many messages from keys[i] on equal those of a base from bkeys[j] on."""
+    n = 1
+    while i + n < len(keys) and j + n < len(bkeys) and bkeys[j + n] == keys[i + n]:
+        n += 1
+    return n
+
+
 def _common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
+    if n > 32 and a[:32] == b[:32]:
+        # long shared beginnings (a system prompt, a tool's output): bisect with slices
+        if a[:n] == b[:n]:
+            return n
+        lo, hi = 32, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if a[lo:mid] == b[lo:mid]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
@@ -689,10 +1000,13 @@ class Resolver:
         owner_of: Callable[[str, int], str],
         load: Callable[[str, int], tuple[int, bytes]],
         text: Callable[[bytes], bytes],
+        parent_of: Callable[[str], str | None] | None = None,
     ) -> None:
         self.owner_of = owner_of
         self.load = load
         self.text = text
+        # the run a run forked from (v5's references past a branch's fork point)
+        self.parent_of = parent_of
         self.inline: dict[tuple[str, int], list[str]] = {}
         self.requests: dict[tuple[str, int], tuple[list[Any], int]] = {}
         self._at = -1  # seq of the event being resolved: references only point back
@@ -714,9 +1028,11 @@ class Resolver:
 
     def _resolve(self, owner: str, seq: int, stored: bytes) -> bytes:
         tree = _marked_decoder.decode(stored)
-        if type(tree) is not dict:
-            raise ValueError("a stored event is not a map")
         found = _event_strings(tree)
+        if type(tree) is list:
+            tree = from_positional(tree)
+        elif type(tree) is not dict:
+            raise ValueError("a stored event is neither a map nor positional")
         self.clear_if_large()
         self.inline[(owner, seq)] = found
         prev, self._at = self._at, seq
@@ -756,6 +1072,12 @@ class Resolver:
                 if not 0 <= int(part[0]) <= self._at:
                     raise ValueError(f"reference to seq {part[0]} from seq {self._at}")
                 out.append(self._inline_of(owner, int(part[0]))[int(part[1])])
+            elif type(part) is list and len(part) == 3 and part[2] is None:
+                # v5: string i of the parent's own event seq, past this branch's fork point
+                parent = self.parent_of(owner) if self.parent_of is not None else None
+                if parent is None:
+                    raise ValueError(f"reference to a parent's event from seq {self._at} of a root")
+                out.append(self._own_inline(parent, int(part[0]))[int(part[1])])
             elif type(part) is list and len(part) == 3 and base is not None:
                 content = base[int(part[0])]["content"]
                 out.append(content[int(part[1]) : int(part[2])])
@@ -764,7 +1086,10 @@ class Resolver:
         return "".join(out)
 
     def _inline_of(self, owner: str, seq: int) -> list[str]:
-        src = self.owner_of(owner, seq)
+        return self._own_inline(self.owner_of(owner, seq), seq)
+
+    def _own_inline(self, src: str, seq: int) -> list[str]:
+        """The addressable strings inline in run `src`'s own event `seq`."""
         got = self.inline.get((src, seq))
         if got is None:
             version, stored = self.load(src, seq)
@@ -795,14 +1120,24 @@ class Resolver:
     def _request(self, owner: str, ops: list[Any]) -> tuple[list[Any], int]:
         if not ops or type(ops[0]) is not _Ref or ops[0].code != REQ_EXT:
             return [self._value(owner, m, None) for m in ops], 0
-        bseq = int(_raw_decoder.decode(ops[0].data))
-        if not 0 <= bseq < self._at:
-            raise ValueError(f"request of seq {self._at} based on seq {bseq}")
-        base, depth = self._base_request(owner, bseq)
+        head = _raw_decoder.decode(ops[0].data)
+        bseqs = head if type(head) is list and 1 <= len(head) <= 2 else [head]
+        bases: list[list[Any]] = []
+        depth = 0
+        for bseq in bseqs:
+            if type(bseq) is not int or not 0 <= bseq < self._at:
+                raise ValueError(f"request of seq {self._at} based on seq {bseq!r}")
+            b, d = self._base_request(owner, bseq)
+            bases.append(b)
+            depth = max(depth, d)
+        base = bases[0]
         out: list[Any] = []
         for op in ops[1:]:
             if type(op) is list and len(op) == 2 and type(op[0]) is str:
                 out.append({"role": op[0], "content": self._value(owner, op[1], base)})
+            elif type(op) is list and len(op) == 3:
+                # v5: messages a..b of the second base
+                out.extend(bases[int(op[2])][int(op[0]) : int(op[1])])
             elif type(op) is list:
                 out.extend(base[int(op[0]) : int(op[1])])
             else:

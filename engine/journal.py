@@ -48,27 +48,19 @@ KNOWN_REVISIONS = (
     "0003_texts",
     "0004_event_refs",
     "0005_integer_rows",
+    "0006_positional_events",
 )
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 # From this revision on events are keyed by (run_key, seq) with kind as a code and the hash as
-# its 32 raw bytes (docs/decisions.md, entry 38); journals at older revisions, opened read-only,
+# its 32 raw bytes (docs/decisions.md, entry 41); journals at older revisions, opened read-only,
 # are read in their own layout.
 KEYED_REVISION = "0005_integer_rows"
-# The `kinds` table's rows (migrations/versions/0005_integer_rows.py writes the same): a new
-# event kind gets its code in a new revision, never a reused one.
-KIND_CODES: dict[str, int] = {
-    "run_started": 1,
-    "mole_assigned": 2,
-    "llm_call": 3,
-    "tool_call": 4,
-    "tool_result": 5,
-    "chat_message": 6,
-    "intervention": 7,
-    "control": 8,
-    "suspicion_declared": 9,
-    "run_ended": 10,
-}
-KIND_NAMES: dict[int, str] = {code: name for name, code in KIND_CODES.items()}
+# The `kinds` table's rows (engine/events.py, which also writes them into v5 payloads).
+KIND_CODES = ev.KIND_CODES
+KIND_NAMES = ev.KIND_NAMES
+# A branch's writer learns the strings of this many of its parent's events past the fork point
+# (v5): a branch forked early and re-running its parent refers to them instead of repeating.
+FAR_EVENTS = 512
 # An event's primary key is run_key * SPAN + seq: a run's events are one range of the rowid
 # B-tree (SQLite), found and appended to without a second index.
 SPAN = 2**32
@@ -278,7 +270,7 @@ class Journal:
         self._compactors: dict[str, ev.Compactor] = {}
         self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
         self._recent_src: list[Any] | None = None
-        self._resolver = ev.Resolver(self._owner, self._load, self._text)
+        self._resolver = ev.Resolver(self._owner, self._load, self._text, self._parent)
         self._engine: Any = None
         self.revision: str | None = None
         if self.is_sqlite:
@@ -701,6 +693,11 @@ class Journal:
             raise JournalError(f"run {run_id!r} has no event at seq {seq}")
         return hash_text(row[0])
 
+    def _parent(self, run_id: str) -> str | None:
+        """The run `run_id` forked from (None for a root)."""
+        segments = self.lineage(run_id)
+        return segments[-2].run_id if len(segments) > 1 else None
+
     def _owner(self, run_id: str, seq: int) -> str:
         for seg in reversed(self.lineage(run_id)):
             if seq >= seg.start:
@@ -802,7 +799,7 @@ class Journal:
         if comp is None:
             if len(self._compactors) > 64:
                 self._compactors.clear()
-            comp = self._compactors[run_id] = ev.Compactor()
+            comp = self._compactors[run_id] = ev.Compactor(positional=self.write_version >= 5)
             if rows[0][1] > 0:
                 self._seed(comp, run_id, rows[0][1])
         try:
@@ -823,26 +820,49 @@ class Journal:
         an append that then fails drops what was learnt, as _compact does."""
         if len(self._compactors) > 64:
             self._compactors.clear()
-        comp = ev.Compactor()
+        comp = ev.Compactor(positional=self.write_version >= 5)
         self._seed(comp, run_id, seq)
         self._compactors[run_id] = comp
 
     def _seed(
-        self, comp: ev.Compactor, run_id: str, seq: int, calls: int = 16, recent: int = 256
+        self,
+        comp: ev.Compactor,
+        run_id: str,
+        seq: int,
+        calls: int = 16,
+        recent: int = 256,
+        far: int = FAR_EVENTS,
     ) -> None:
         """Load the latest LLM requests before `seq` of the run's history (a branch's first
         step, a resumed run): each agent's next request is a delta of its last one; and the
-        strings inline in its latest `recent` events, to refer to rather than repeat."""
+        strings inline in its latest `recent` events, to refer to rather than repeat. For a
+        branch written as v5, also the strings of the parent's first `far` own events past
+        the fork point, which a branch that re-runs its parent mostly repeats."""
+        segments = self.lineage(run_id)
+        far_rows: list[tuple[Any, ...]] = []
         with self._read() as cur:
             # rows are (owner, seq, *columns)
             recent_rows = self._latest_before(cur, run_id, seq, "payload", "version >= 4", recent)
             call_rows = self._latest_before(
                 cur, run_id, seq, "version, payload", "kind = ?", calls, self.kind_cell("llm_call")
             )
+            if comp.positional and len(segments) > 1 and far > 0:
+                parent, fork = segments[-2].run_id, segments[-1].start
+                span, args = self._span(cur, parent, fork, None)
+                cur.execute(
+                    self._q(
+                        f"SELECT seq, payload FROM events WHERE {span} AND version >= 4"
+                        f" ORDER BY {self._ord} LIMIT ?"
+                    ),
+                    (*args, far),
+                )
+                far_rows = cur.fetchall()
         learnt = [(int(r[1]), bytes(r[2])) for r in recent_rows]
         found = [(str(r[0]), int(r[1]), int(r[2]), bytes(r[3])) for r in call_rows]
         for s, stored in reversed(learnt):
             comp.learn(s, stored)
+        for s, stored in far_rows:
+            comp.learn_far(int(s), bytes(stored))
         for owner, s, version, stored in reversed(found):
             full = self._full(owner, s, version, stored)
             raw = msgspec.msgpack.decode(full)

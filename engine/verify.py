@@ -37,7 +37,7 @@ EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
     "snapshots": ("run_id", "seq", "fold_version", "state"),
     "texts": ("hash", "body"),
 }
-# the integer-keyed layout (revision 0005 on, docs/decisions.md entry 38)
+# the integer-keyed layout (revision 0005 on, docs/decisions.md entry 41)
 KEYED_COLUMNS: dict[str, tuple[str, ...]] = {
     "runs": ("run_key", *EXPECTED_COLUMNS["runs"]),
     "events": ("id", "run_key", "seq", "step", "kind", "version", "payload", "hash"),
@@ -65,6 +65,7 @@ _SQLITE_TRIGGERS = {
     "0003_texts": ("texts_no_update", "texts_no_delete", "texts_no_rewrite"),
     "0004_event_refs": (),
     "0005_integer_rows": ("kinds_no_update", "kinds_no_delete", "kinds_no_rewrite"),
+    "0006_positional_events": (),
 }
 _PG_TRIGGERS = {
     "0001_journal_tables": (
@@ -78,6 +79,7 @@ _PG_TRIGGERS = {
     "0003_texts": ("texts_append_only", "texts_no_truncate"),
     "0004_event_refs": (),
     "0005_integer_rows": ("kinds_append_only", "kinds_no_truncate"),
+    "0006_positional_events": (),
 }
 MAX_FINDINGS_PER_RUN = 50
 
@@ -163,7 +165,7 @@ class _Checker:
         self.bad_texts: set[bytes] = set()
         # v4 payloads refer to earlier events: resolved from the rows as stored
         self.runs: dict[str, _RunRow] = {}
-        self.resolver = ev.Resolver(self.owner_of, self.load_row, self.stored_text)
+        self.resolver = ev.Resolver(self.owner_of, self.load_row, self.stored_text, self.parent_of)
 
     # ---------------------------------------------------------------- helpers
 
@@ -468,6 +470,10 @@ class _Checker:
             if seen > len(self.runs):
                 break
         return info.run_id if info is not None else rid
+
+    def parent_of(self, rid: str) -> str | None:
+        info = self.runs.get(rid)
+        return info.parent_run_id if info is not None else None
 
     def span(self, rid: str, lo: int, hi: int) -> tuple[str, list[Any]]:
         """WHERE clause and arguments for run `rid`'s own rows with lo <= seq < hi: a range of

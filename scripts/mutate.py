@@ -45,6 +45,8 @@ MODULES: dict[str, list[str]] = {
     "engine/events.py": [
         "tests/test_known_answers.py",
         "tests/test_journal_texts.py",
+        "tests/test_journal_refs.py",
+        "tests/test_journal_positional.py",
     ],
     "engine/journal.py": [
         "tests/test_known_answers.py",

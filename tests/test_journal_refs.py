@@ -1,4 +1,5 @@
-"""Event schema v4 (what the engine writes): a string seen before in a run's history is a
+"""Event schema v4 (written by `write_version = 4`; v5 adds positional payloads on top,
+tests/test_journal_positional.py): a string seen before in a run's history is a
 back-reference to the event that holds it inline, an LLM request is a delta of the agent's
 previous request; the hash chain covers the resolved bytes, so a changed string is found at
 every event rebuilt from it. v2 and v3 journals are covered by tests/test_journal_open.py and
@@ -59,6 +60,7 @@ def test_v4_encoding_known_answer(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "go"}]
     with Journal(path) as j:
+        j.write_version = 4  # the v4 writer, kept for this pin (v5: test_journal_positional)
         run = j.create_run("t", run_id="r1")
         j.append(run, [_call(0, first, SAID), ev.ChatMessage(step=0, agent="b", text=SAID)], 0)
         second = [*first, {"role": "user", "content": "b said: " + SAID}]
@@ -123,9 +125,10 @@ def test_branch_request_is_a_delta_of_the_parents(heist: tuple[Path, str]) -> No
         assert all(s.payload == ev.encode(s.event) for s in j.read(branch))
         kinds = {s.seq: s.kind for s in j.read(branch)}
     calls = [(s, p) for s, _v, p in _stored(path, branch) if kinds[s] == "llm_call"]
-    head = msgspec.msgpack.decode(calls[0][1])["request"][0]
+    head = ev.from_positional(msgspec.msgpack.decode(calls[0][1]))["request"][0]
     assert head.code == ev.REQ_EXT
-    assert fork is not None and msgspec.msgpack.decode(head.data) < fork
+    bases = msgspec.msgpack.decode(head.data)
+    assert fork is not None and max(bases if type(bases) is list else [bases]) < fork
 
 
 def _users(path: Path, run: str, holder: int, idx: int) -> set[int]:
@@ -162,7 +165,7 @@ def test_tampered_shared_string_names_every_event_built_from_it(
                 best = (seq, i, s, users)
     assert best is not None
     holder, _i, text, users = best
-    assert len(users) > 3
+    assert len(users) >= 3
     with Journal(path, readonly=True) as j:
         containing = {s.seq for s in j.read(run) if text.encode() in s.payload}
     (payload,) = [p for s, _v, p in stored if s == holder]

@@ -204,25 +204,44 @@ def test_damaged_old_journal_is_refused_whole(tmp_path: Path) -> None:
     assert "cannot upgrade" in res.stderr
 
 
+# fixture -> (revision it was written at, run 0's last chain hash, literally)
+KEYED_FIXTURES = {
+    "v5": (
+        "0005_integer_rows",
+        "b2:3e8c006363b08475fdf77bbeabe0df18658861aac9f92abd154111fb385bd782",
+    ),
+    "v6": (
+        "0006_positional_events",
+        "b2:00c2f42405246a585e2e73a02e30905446bede4c21a16d40e259debc55a967da",
+    ),
+}
+
+
 @pytest.mark.parametrize("readonly", [True, False], ids=["read-only", "opened-for-writing"])
-def test_v5_fixture_known_answers(tmp_path: Path, readonly: bool) -> None:
-    """tests/fixtures/journal_v5.db (written in the keyed layout by make_fixture_v5.py) reads
-    back to its pinned chain heads and payload digests, and `car verify` and `car state`
-    print what they printed when it was made."""
-    expected = json.loads((FIXTURES / "journal_v5.expected.json").read_text())
-    path = tmp_path / "v5.db"
-    shutil.copy(FIXTURES / "journal_v5.db", path)
+@pytest.mark.parametrize("name", sorted(KEYED_FIXTURES))
+def test_keyed_fixture_known_answers(tmp_path: Path, name: str, readonly: bool) -> None:
+    """tests/fixtures/journal_v5.db (the keyed layout, event schema 4) and journal_v6.db
+    (revision 0006, schema 5: positional payloads), written by make_fixture_v5.py, read back
+    to their pinned chain heads and payload digests, and `car verify` and `car state` print
+    what they printed when they were made."""
+    revision, last_hash = KEYED_FIXTURES[name]
+    expected = json.loads((FIXTURES / f"journal_{name}.expected.json").read_text())
+    path = tmp_path / f"{name}.db"
+    shutil.copy(FIXTURES / f"journal_{name}.db", path)
     with Journal(path, readonly=readonly) as j:
-        assert j.revision == "0005_integer_rows"
+        # opened for writing it is upgraded to the head (no table change since 0005)
+        assert j.revision == (revision if readonly else "0006_positional_events")
         assert _summary(j) == expected["runs"]
         assert verify_journal(j).ok
     # the literal, so a change of both the fixture and the expected file shows in review
-    assert expected["runs"]["v5run0000000"]["last_hash"] == (
-        "b2:3e8c006363b08475fdf77bbeabe0df18658861aac9f92abd154111fb385bd782"
-    )
+    assert expected["runs"][f"{name}run0000000"]["last_hash"] == last_hash
+    schema = 5 if name == "v6" else 4
+    assert all(r["versions"] == [schema] for r in expected["runs"].values())
     res = _car("--journal", str(path), "verify", "--json")
     assert res.returncode == 0 and json.loads(res.stdout) == expected["verify"]
-    res = _car("--journal", str(path), "state", "v5run0000000", "--at", "3", "--json", "--reveal")
+    res = _car(
+        "--journal", str(path), "state", f"{name}run0000000", "--at", "3", "--json", "--reveal"
+    )
     assert res.returncode == 0 and json.loads(res.stdout) == expected["state_at3"]
 
 

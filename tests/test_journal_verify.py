@@ -78,19 +78,23 @@ def anchor_of(path: Path) -> dict[str, object]:
 
 
 def rechain(db: sqlite3.Connection, run: str, start: int) -> None:
-    """Recompute the hash chain of `run` from `start` on, as a careful attacker would."""
+    """Recompute the hash chain of `run` from `start` on, as a careful attacker would: over
+    the canonical bytes each stored payload is rebuilt into (the engine's own reader does
+    that; v5 payloads are stored positional, the chain covers the maps)."""
     prev = hash_text(
         db.execute(
             f"SELECT hash FROM events WHERE run_key = {KEY_OF} AND seq = ?", (run, start - 1)
         ).fetchone()[0]
     )
     rows = db.execute(
-        f"SELECT seq, kind, version, payload FROM events WHERE run_key = {KEY_OF} AND seq >= ?"
-        " ORDER BY seq",
+        f"SELECT seq, kind, version FROM events WHERE run_key = {KEY_OF} AND seq >= ? ORDER BY seq",
         (run, start),
     ).fetchall()
-    for seq, kind, version, payload in rows:
-        prev = chain_hash(prev, seq, KIND_NAMES[kind], version, payload)
+    path = db.execute("PRAGMA database_list").fetchone()[2]
+    with Journal(path, readonly=True) as j:
+        canonical = {s.seq: s.payload for s in j.read(run, start)}
+    for seq, kind, version in rows:
+        prev = chain_hash(prev, seq, KIND_NAMES[kind], version, canonical[seq])
         db.execute(
             f"UPDATE events SET hash = ? WHERE run_key = {KEY_OF} AND seq = ?",
             (hash_cell(prev), run, seq),

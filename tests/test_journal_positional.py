@@ -1,0 +1,312 @@
+"""Event schema v5 (what the engine writes, docs/decisions.md entry 42): a stored payload is
+`[kind code, field mask, values...]` in the fixed order of `ev.STORED_FIELDS`, with v4's
+back-references inside, and an LLM request may be a delta of two bases (the agent's previous
+request and the latest one of the history). Readers rebuild the canonical map bytes, which the
+hash chain covers."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sqlite3
+import typing
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from engine import events as ev
+from engine.errors import TamperedJournal
+from engine.heist.session import record_heist
+from engine.journal import Journal
+from engine.policies.registry import make_policy
+from engine.verify import verify_journal
+
+KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
+Ext = msgspec.msgpack.Ext
+
+
+def _stored(path: Path, run: str) -> list[tuple[int, int, bytes]]:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute(
+            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq",
+            (run,),
+        ).fetchall()
+    finally:
+        db.close()
+
+
+def _call(step: int, agent: str, request: list[dict[str, str]], response: str) -> ev.LlmCall:
+    return ev.LlmCall(
+        step=step, agent=agent, request=request, seed=1, model="m", response=response,
+        finish_reason="stop",
+    )  # fmt: skip
+
+
+SYS_A = "You are a, the planner of a small crew; keep it short."  # 54 characters
+SYS_B = "You are b, the driver of a small crew; keep it short too."
+SAID_A = "a: the guard leaves the vault at 03:10 sharp."  # 45 characters
+SAID_B = "b: the van waits two streets east of the bank."
+CLOSE = "Reply now, keeping to the plan of the crew."  # 43 characters
+
+
+def test_stored_fields_follow_the_structs() -> None:
+    """Every field of every event type has a stored position, in the order the Struct encodes
+    its fields (a new field may only be appended), and every kind has a code; the codes are
+    those of the journal's `kinds` table."""
+    from engine.journal import KIND_CODES
+
+    types = {t.__struct_config__.tag: t for t in typing.get_args(ev.AnyEvent)}
+    assert set(types) == set(ev.STORED_FIELDS) == set(ev.KIND_CODES)
+    for kind, t in types.items():
+        assert ev.STORED_FIELDS[kind][: len(t.__struct_fields__)] == t.__struct_fields__, kind
+    assert KIND_CODES is ev.KIND_CODES
+    assert ev.KIND_CODES["llm_call"] == 3 and ev.KIND_CODES["chat_message"] == 6
+
+
+def test_v5_encoding_known_answer(tmp_path: Path) -> None:
+    """The stored bytes of a small two-agent run, exactly. Event 1 (a chat message) is
+    [6, mask of agent|text|step, "b", back-reference to event 0's response, 0]; b's second
+    request (event 4) is a delta of two bases, its own previous request (event 2) and the
+    latest request (event 3, a's): its system prompt and a's line copied from the first, b's
+    line (new to b's own request) from the second, the new message a splice of b's response."""
+    path = tmp_path / "j.db"
+    r0 = [{"role": "system", "content": SYS_A}, {"role": "user", "content": CLOSE}]
+    with Journal(path) as j:
+        run = j.create_run("t", run_id="r1")
+        j.append(run, [_call(0, "a", r0, SAID_A), ev.ChatMessage(step=0, agent="b", text=SAID_A)])
+        r1 = [
+            {"role": "system", "content": SYS_B},
+            {"role": "user", "content": SAID_A},
+            {"role": "user", "content": CLOSE},
+        ]
+        j.append(run, [_call(1, "b", r1, SAID_B)], 2)
+        r2 = [
+            {"role": "system", "content": SYS_A},
+            {"role": "user", "content": SAID_A},
+            {"role": "user", "content": SAID_B},
+            {"role": "user", "content": CLOSE},
+        ]
+        j.append(run, [_call(2, "a", r2, "ok")], 3)
+        r3 = [
+            {"role": "system", "content": SYS_B},
+            *r2[1:3],
+            {"role": "user", "content": "b: " + SAID_B},
+        ]
+        j.append(run, [_call(3, "b", r3, "ok")], 4)
+        events = j.events(run)
+        assert [s.payload for s in j.read(run)] == [ev.encode(e) for e in events]
+        assert events[4] == _call(3, "b", r3, "ok")
+        assert verify_journal(j).ok
+    stored = _stored(path, run)
+    assert [v for _s, v, _p in stored] == [5] * 5
+    chat = msgspec.msgpack.decode(stored[1][2])
+    # agent, text, step are fields 0, 1, 2 of chat_message
+    # the text is string 2 of event 0 (its system prompt, closing line, response)
+    assert chat == [6, 0b111, "b", Ext(ev.STR_EXT, msgspec.msgpack.encode([[0, 2]])), 0]
+    call = msgspec.msgpack.decode(stored[4][2])
+    assert call[0] == 3
+    # agent, request, seed, model, response, finish_reason, step: bits 0-5 and 11
+    assert call[1] == 0b1000_0011_1111
+    request = call[3]
+    assert request[0] == Ext(ev.REQ_EXT, msgspec.msgpack.encode([2, 3]))
+    # messages 0..2 of b's own request (its system prompt, a's line); a's new line from the
+    # second base (message 2 of event 3)
+    assert request[1:3] == [[0, 2], [2, 3, 1]]
+    assert request[3][0] == "user" and request[3][1].code == ev.STR_EXT
+    # pinned: a change of the encoding is a new schema version, not a silent edit
+    digest = hashlib.blake2b(b"".join(p for _s, _v, p in stored), digest_size=16).hexdigest()
+    assert digest == KNOWN_V5_DIGEST
+
+
+KNOWN_V5_DIGEST = "c2f21d9d9e294b7f1c7bb7cb77708c7b"
+
+
+@pytest.fixture(scope="module")
+def heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    path = tmp_path_factory.mktemp("v5") / "j.db"
+    with Journal(path) as j:
+        result = record_heist(j, make_policy({"name": "sim"}), seed=7, rounds=3)
+    return path, result.run_id
+
+
+def test_heist_uses_second_bases_and_reads_canonical(heist: tuple[Path, str]) -> None:
+    """On a recorded heist most later requests are deltas of two bases, every event reads
+    back as its canonical bytes, and the requests stored are far smaller than v4's one-base
+    deltas of the same run would be (the field names alone were ~110 bytes a call)."""
+    path, run = heist
+    with Journal(path, readonly=True) as j:
+        events = list(j.read(run))
+        assert all(s.payload == ev.encode(s.event) for s in events)
+        assert verify_journal(j).ok
+    calls = [msgspec.msgpack.decode(p) for _s, _v, p in _stored(path, run) if p[1] == 3]
+    heads = [msgspec.msgpack.decode(c[3][0].data) for c in calls if type(c[3][0]) is Ext]
+    two = sum(type(h) is list for h in heads)
+    print(f"{len(calls)} calls, {len(heads)} deltas, {two} of two bases")
+    assert len(calls) == 18 and two >= len(calls) // 2
+    v4 = tmp_path_v4(path.parent)
+    with Journal(v4) as j:
+        j.write_version = 4
+        old = record_heist(j, make_policy({"name": "sim"}), seed=7, rounds=3).run_id
+        # the same calls (latency_ms is wall time, so it differs)
+        assert [(e.request, e.response) for e in j.events(old) if isinstance(e, ev.LlmCall)] == [
+            (s.event.request, s.event.response) for s in events if isinstance(s.event, ev.LlmCall)
+        ]
+    size = sum(len(p) for *_x, p in _stored(path, run))
+    size_v4 = sum(len(p) for *_x, p in _stored(v4, old))
+    print(f"stored payloads: v5 {size} B, v4 {size_v4} B")
+    assert size < 0.75 * size_v4
+
+
+def tmp_path_v4(parent: Path) -> Path:
+    return parent / "v4.db"
+
+
+def _tamper(path: Path, run: str, seq: int, payload: bytes) -> None:
+    db = sqlite3.connect(path, isolation_level=None)
+    for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        db.execute(f"DROP TRIGGER {name}")
+    db.execute(
+        f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = ?", (payload, run, seq)
+    )
+    db.close()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "mask bit added",
+        "value dropped",
+        "unknown kind code",
+        "second base after the event",
+    ],
+)
+def test_malformed_positional_payload_is_found(
+    tmp_path: Path, heist: tuple[Path, str], change: str
+) -> None:
+    """A stored v5 payload altered so that it no longer rebuilds (a mask naming a field it
+    does not hold, a value missing, an unknown kind code, a request based on a later event):
+    a reader gets TamperedJournal in one line, verify a finding at that event."""
+    src, run = heist
+    path = tmp_path / "j.db"
+    shutil.copy(src, path)
+    stored = _stored(path, run)
+    seq, _v, p = next(r for r in stored[10:] if r[2][1] == 3)  # a later LLM call
+    tree: list[Any] = msgspec.msgpack.decode(p)
+    if change == "mask bit added":
+        tree[1] |= 1 << 8  # system_fingerprint, absent
+    elif change == "value dropped":
+        del tree[-2]
+    elif change == "unknown kind code":
+        tree[0] = 99
+    else:
+        req = tree[3]
+        assert type(req[0]) is Ext
+        req[0] = Ext(ev.REQ_EXT, msgspec.msgpack.encode([seq - 2, seq + 5]))
+    _tamper(path, run, seq, msgspec.msgpack.encode(tree))
+    with Journal(path, readonly=True) as j:
+        with pytest.raises(TamperedJournal) as got:
+            j.events(run)
+        assert "\n" not in str(got.value) and f"event {seq}" in str(got.value)
+        report = verify_journal(j)
+    assert any(p.seq == seq and p.run_id == run for p in report.problems)
+
+
+def _far_parts(payload: bytes) -> list[list[Any]]:
+    """The `[seq, i, None]` parts (strings of the parent past the fork) a stored payload uses."""
+    found: list[list[Any]] = []
+
+    def hook(code: int, data: memoryview) -> Any:
+        if code == ev.STR_EXT:
+            found.extend(
+                x for x in msgspec.msgpack.decode(bytes(data)) if type(x) is list and len(x) == 3
+            )
+        return None
+
+    msgspec.msgpack.Decoder(ext_hook=hook).decode(payload)
+    return [p for p in found if p[2] is None]
+
+
+@pytest.fixture
+def rerun(tmp_path: Path, heist: tuple[Path, str]) -> tuple[Path, str, str, int]:
+    """A branch forked at step 1 that keeps the parent's actions at every later step (as a
+    Shapley coalition does): it writes what its parent holds past the fork point."""
+    from engine.interventions import DoResample, parent_info, run_branch
+
+    src, run = heist
+    path = tmp_path / "j.db"
+    shutil.copy(src, path)
+    with Journal(path) as j:
+        info = parent_info(j, run)
+        keep = {s: a for s, a in info.actions.items() if s > 1}
+        branch = run_branch(j, info, DoResample(k=1), 3, keep=keep).run_id
+        fork = j.run(branch).fork_seq
+    assert fork is not None
+    return path, run, branch, fork
+
+
+def test_branch_refers_to_its_parent_past_the_fork(rerun: tuple[Path, str, str, int]) -> None:
+    """A branch that repeats its parent stores the parent's strings as references to the
+    parent's own events past the fork point (not part of its history), reads back canonical,
+    verifies clean, and stores under 70% of what the parent's same events store (61% here:
+    what is left is mostly seeds, timings and short fields)."""
+    path, run, branch, fork = rerun
+    stored = _stored(path, branch)
+    far = [p for _s, _v, body in stored for p in _far_parts(body)]
+    print(f"{len(far)} references past the fork at seq {fork}")
+    assert len(far) >= 20
+    assert all(p[0] >= fork for p in far)  # only what the history does not hold
+    with Journal(path, readonly=True) as j:
+        assert all(s.payload == ev.encode(s.event) for s in j.read(branch))
+        assert verify_journal(j).ok
+    parent_after = sum(len(b) for s, _v, b in _stored(path, run) if s >= fork)
+    mine = sum(len(b) for _s, _v, b in stored)
+    print(f"branch payloads {mine} B, the parent's past the fork {parent_after} B")
+    assert mine < 0.7 * parent_after
+
+
+def test_tampered_parent_string_names_the_branch_events(
+    rerun: tuple[Path, str, str, int],
+) -> None:
+    """One byte changed in a string of the parent past the fork that the branch refers to:
+    verify names that parent event and every branch event that refers to it (each at its run
+    and seq), and nothing of the branch that does not contain the string."""
+    path, run, branch, _fork = rerun
+    users: dict[tuple[int, int], set[int]] = {}
+    for s, _v, body in _stored(path, branch):
+        for p in _far_parts(body):
+            users.setdefault((p[0], p[1]), set()).add(s)
+    (holder, idx), used_by = max(users.items(), key=lambda kv: len(kv[1]))
+    (payload,) = [b for s, _v, b in _stored(path, run) if s == holder]
+    text = ev._event_strings(ev._marked_decoder.decode(payload))[idx]
+    with Journal(path, readonly=True) as j:
+        containing = {s.seq for s in j.read(branch) if text.encode() in s.payload}
+    at = payload.index(text.encode())
+    _tamper(path, run, holder, payload[:at] + bytes([payload[at] ^ 0x01]) + payload[at + 1 :])
+    with Journal(path, readonly=True) as j:
+        report = verify_journal(j)
+    in_parent = {p.seq for p in report.problems if p.code == "hash" and p.run_id == run}
+    in_branch = {p.seq for p in report.problems if p.code == "hash" and p.run_id == branch}
+    print(f"string {idx} of parent event {holder} used by {sorted(used_by)}; named {in_branch}")
+    assert holder in in_parent
+    assert used_by <= in_branch <= containing
+
+
+def test_parent_reference_in_a_root_is_found(tmp_path: Path, heist: tuple[Path, str]) -> None:
+    """A root run's event altered to refer past a fork it does not have: a reader gets
+    TamperedJournal in one line, verify a finding at that event."""
+    src, run = heist
+    path = tmp_path / "j.db"
+    shutil.copy(src, path)
+    seq, _v, p = next(r for r in _stored(path, run) if r[2][1] == 6)  # a chat message
+    tree: list[Any] = msgspec.msgpack.decode(p)
+    tree[3] = Ext(ev.STR_EXT, msgspec.msgpack.encode([[0, 0, None]]))
+    _tamper(path, run, seq, msgspec.msgpack.encode(tree))
+    with Journal(path, readonly=True) as j:
+        with pytest.raises(TamperedJournal, match=f"event {seq} .*parent") as got:
+            j.events(run)
+        assert "\n" not in str(got.value)
+        report = verify_journal(j)
+    assert any(p.seq == seq and p.run_id == run for p in report.problems)
