@@ -310,3 +310,56 @@ def test_parent_reference_in_a_root_is_found(tmp_path: Path, heist: tuple[Path, 
         assert "\n" not in str(got.value)
         report = verify_journal(j)
     assert any(p.seq == seq and p.run_id == run for p in report.problems)
+
+
+class _StillClock:
+    """Time that does not move: latencies are 0.0 and timestamps one value, so that a
+    recorded heist's stored bytes are the same on every machine."""
+
+    def now_iso(self) -> str:
+        return "2026-12-01T00:00:00.000000+00:00"
+
+    def monotonic(self) -> float:
+        return 0.0
+
+
+def test_stored_heist_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stored bytes of a recorded heist (two rounds, the sim crew, a frozen clock), of a
+    branch that re-runs it from step 1 (references past the fork) and of one resampled at
+    step 5, pinned by digest: any change of how v5 compacts — which base a request is a delta
+    of, which string a reference names, what a splice keeps — is a new schema version, not a
+    silent edit. Each also reads back as its canonical bytes."""
+    import itertools
+
+    from engine.interventions import DoResample, parent_info, run_branch
+
+    # branches take the step loop's default clock
+    monkeypatch.setattr("engine.runtime.episode.SystemClock", _StillClock)
+    path = tmp_path / "j.db"
+    ids = itertools.count()
+    with Journal(path, ids=lambda: f"pin{next(ids):09d}") as j:
+        run = record_heist(
+            j, make_policy({"name": "sim"}), seed=11, rounds=2, clock=_StillClock()
+        ).run_id
+        info = parent_info(j, run)
+        keep = {s: a for s, a in info.actions.items() if s > 1}
+        again = run_branch(j, info, DoResample(k=1), 5, keep=keep).run_id
+        other = run_branch(j, info, DoResample(k=5), 9).run_id
+        for r in (run, again, other):
+            assert all(s.payload == ev.encode(s.event) for s in j.read(r))
+    digests = {}
+    for name, r in (("run", run), ("again", again), ("other", other)):
+        stored = _stored(path, r)
+        assert {v for _s, v, _p in stored} == {5}
+        blob = b"".join(p for _s, _v, p in stored)
+        digests[name] = (len(stored), len(blob), hashlib.blake2b(blob, digest_size=16).hexdigest())
+    print(digests)
+    assert digests == KNOWN_HEIST_DIGESTS
+
+
+# (events, stored bytes, blake2b-128 of the stored payloads in seq order)
+KNOWN_HEIST_DIGESTS: dict[str, tuple[int, int, str]] = {
+    "run": (53, 8352, "0de5af0d6168550c725192f0317eeb2e"),
+    "again": (50, 3964, "caff848ffe5151a68674a1a5d04c3570"),
+    "other": (32, 3609, "2b11185161d2d92b19c836efd2e29916"),
+}
