@@ -363,3 +363,98 @@ KNOWN_HEIST_DIGESTS: dict[str, tuple[int, int, str]] = {
     "again": (50, 3964, "caff848ffe5151a68674a1a5d04c3570"),
     "other": (32, 3609, "2b11185161d2d92b19c836efd2e29916"),
 }
+
+
+def _holds_ref(tree: Any) -> bool:
+    if type(tree) is list:
+        return any(_holds_ref(x) for x in tree)
+    if type(tree) is dict:
+        return any(_holds_ref(x) for x in tree.values())
+    return type(tree) is ev._Ref
+
+
+def test_fold_reads_stored_payloads_as_the_full_ones(rerun: tuple[Path, str, str, int]) -> None:
+    """The fold's shortcut over stored v5 payloads (no resolution) gives exactly what decoding
+    the rebuilt canonical bytes gives, for every event of a heist and of a branch with
+    references past its fork; it never gives up on an LLM call (it reads only agent, seed and
+    step) nor on an event that holds no reference."""
+    path, run, branch, _fork = rerun
+    with Journal(path, readonly=True) as j:
+        full = {(r, s.seq): s.payload for r in (run, branch) for s in j.read(r)}
+    seen = {"llm_call": 0, "plain": 0, "resolved": 0}
+    for r in (run, branch):
+        for seq, _v, stored in _stored(path, r):
+            got = ev.decode_stored_for_fold(stored)
+            want = ev.decode_for_fold(full[(r, seq)])
+            tree = msgspec.msgpack.decode(stored)
+            has_ref = _holds_ref(ev._marked_decoder.decode(stored))
+            if tree[0] == ev.KIND_CODES["llm_call"]:
+                assert got == want and type(got) is ev.FoldLlmCall, seq
+                assert got.step == tree[-1] and got.agent == tree[2]
+                seen["llm_call"] += 1
+            elif got is None:
+                assert has_ref, f"gave up on seq {seq} of {r}, which holds no reference"
+                seen["resolved"] += 1
+            else:
+                assert got == want, seq
+                seen["plain"] += 1
+    print(seen)
+    assert min(seen.values()) >= 5
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ([3], r"^a stored v5 event is not \[code, mask, values\.\.\.\]$"),
+        ({"kind": "control"}, r"^a stored v5 event is not \[code, mask, values\.\.\.\]$"),
+        ([99, 1, "x"], r"^unknown event kind code 99$"),
+        (["llm_call", 1, "x"], r"^unknown event kind code 'llm_call'$"),
+        ([8, -1], r"^malformed field mask -1 of a control event$"),
+        ([8, 8, "x"], r"^malformed field mask 8 of a control event$"),
+        ([8, "1", "x"], r"^malformed field mask '1' of a control event$"),
+        ([8, 0b11, "pause"], r"^a control event holds 1 values where its mask names 2$"),
+        ([8, 0b1, "pause", "why"], r"^a control event holds 2 values where its mask names 1$"),
+    ],
+)
+def test_malformed_positional_tree_is_named(tree: Any, message: str) -> None:
+    """What makes a stored v5 payload unreadable is said in one line: not an array, an unknown
+    kind code, a mask naming fields the kind does not have (or not an integer), a mask and
+    values that disagree."""
+    with pytest.raises(ValueError, match=message):
+        ev.from_positional(tree)
+
+
+def test_positional_tree_rebuilds_the_map_in_the_structs_order() -> None:
+    """`[code, mask, values]` becomes the event's map, kind first, fields in their Struct's
+    order and only those the mask names; the same tree twice gives the same map (the layout
+    is cached per code and mask)."""
+    tree = [8, 0b101, "stop", 7]  # control: action, (no reason), step
+    for _ in range(2):
+        out = ev.from_positional(tree)
+        assert list(out.items()) == [("kind", "control"), ("action", "stop"), ("step", 7)]
+    assert ev.decode(msgspec.msgpack.encode(out)) == ev.Control(action="stop", step=7)
+
+
+@pytest.mark.parametrize(
+    "change", ["values missing", "agent not text", "seed not an integer", "step not an integer"]
+)
+def test_fold_shortcut_gives_up_on_odd_llm_calls(change: str) -> None:
+    """A stored LLM call whose agent, seed or step is not what the fold expects, or whose
+    values disagree with its mask, is left to the full decoder (None), never folded wrongly."""
+    call = ev.LlmCall(
+        step=4, agent="a", request=[{"role": "user", "content": "go"}], seed=9, model="m",
+        response="ok", finish_reason="stop",
+    )  # fmt: skip
+    tree: list[Any] = msgspec.msgpack.decode(ev.Compactor().compact(0, ev.encode(call)))
+    assert ev.decode_stored_for_fold(msgspec.msgpack.encode(tree)) == ev.FoldLlmCall(
+        agent="a", seed=9, step=4
+    )
+    if change == "values missing":
+        del tree[-1]
+    elif change == "agent not text":
+        tree[2] = 5
+    elif change == "seed not an integer":
+        tree[4] = "9"
+    else:
+        tree[-1] = "4"
+    assert ev.decode_stored_for_fold(msgspec.msgpack.encode(tree)) is None
