@@ -458,3 +458,51 @@ def test_fold_shortcut_gives_up_on_odd_llm_calls(change: str) -> None:
     else:
         tree[-1] = "4"
     assert ev.decode_stored_for_fold(msgspec.msgpack.encode(tree)) is None
+
+
+def test_long_edited_message_is_stored_as_line_slices() -> None:
+    """A long message that differs from the base request's message at its position in two
+    lines far apart is stored as slices of the base's message by lines (difflib's matching
+    blocks) and the two new lines, exactly; a short edit near one end as prefix and suffix
+    slices; and both read back as the texts."""
+    lines = [f"line {i:02d}: the crew notes item {i} of the plan in full.\n" for i in range(12)]
+    old = "".join(lines)
+    new_lines = list(lines)
+    new_lines[2] = "line 02: CHANGED entirely, nothing of the old.\n"
+    new_lines[9] = "line 09: CHANGED as well, far from the first.\n"
+    new = "".join(new_lines)
+    first = [{"role": "system", "content": SYS_A}, {"role": "user", "content": old}]
+    second = [{"role": "system", "content": SYS_A}, {"role": "user", "content": new}]
+    comp = ev.Compactor()
+    calls = [_call(0, "a", first, "ok"), _call(1, "a", second, "ok")]
+    stored = [comp.compact(i, ev.encode(c)) for i, c in enumerate(calls)]
+    request = msgspec.msgpack.decode(stored[1])[3]
+    assert request[:2] == [Ext(ev.REQ_EXT, msgspec.msgpack.encode(0)), [0, 1]]
+    role, content = request[2]
+    off = [0]
+    for line in lines:
+        off.append(off[-1] + len(line))
+    assert role == "user" and content.code == ev.STR_EXT
+    assert msgspec.msgpack.decode(content.data) == [
+        [1, 0, off[2]],
+        new_lines[2],
+        [1, off[3], off[9]],
+        new_lines[9],
+        [1, off[10], off[12]],
+    ]
+    # an edit of a few characters near the end: the shared prefix and suffix
+    third = [{"role": "system", "content": SYS_A}, {"role": "user", "content": new[:-8] + "XY.\n"}]
+    stored.append(comp.compact(2, ev.encode(_call(2, "a", third, "ok"))))
+    role, content = msgspec.msgpack.decode(stored[2])[3][2]
+    assert msgspec.msgpack.decode(content.data) == [
+        [1, 0, len(new) - 8],
+        "XY",
+        [1, len(new) - 2, len(new)],
+    ]
+
+    def load(_owner: str, seq: int) -> tuple[int, bytes]:
+        return 5, stored[seq]
+
+    resolver = ev.Resolver(lambda run, seq: run, load, lambda d: b"")
+    back = [ev.decode(resolver.resolve("r", i, s)) for i, s in enumerate(stored)]
+    assert [c.request[1]["content"] for c in back] == [old, new, new[:-8] + "XY.\n"]  # type: ignore[attr-defined]
