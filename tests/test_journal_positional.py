@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from journal_helpers import KEY_OF, stored_rows
 
 from engine import events as ev
 from engine.errors import TamperedJournal
@@ -23,19 +24,7 @@ from engine.journal import Journal
 from engine.policies.registry import make_policy
 from engine.verify import verify_journal
 
-KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
 Ext = msgspec.msgpack.Ext
-
-
-def _stored(path: Path, run: str) -> list[tuple[int, int, bytes]]:
-    db = sqlite3.connect(path)
-    try:
-        return db.execute(
-            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq",
-            (run,),
-        ).fetchall()
-    finally:
-        db.close()
 
 
 def _call(step: int, agent: str, request: list[dict[str, str]], response: str) -> ev.LlmCall:
@@ -100,7 +89,7 @@ def test_v5_encoding_known_answer(tmp_path: Path) -> None:
         assert [s.payload for s in j.read(run)] == [ev.encode(e) for e in events]
         assert events[4] == _call(3, "b", r3, "ok")
         assert verify_journal(j).ok
-    stored = _stored(path, run)
+    stored = stored_rows(path, run)
     assert [v for _s, v, _p in stored] == [5] * 5
     chat = msgspec.msgpack.decode(stored[1][2])
     # agent, text, step are fields 0, 1, 2 of chat_message
@@ -141,7 +130,7 @@ def test_heist_uses_second_bases_and_reads_canonical(heist: tuple[Path, str]) ->
         events = list(j.read(run))
         assert all(s.payload == ev.encode(s.event) for s in events)
         assert verify_journal(j).ok
-    calls = [msgspec.msgpack.decode(p) for _s, _v, p in _stored(path, run) if p[1] == 3]
+    calls = [msgspec.msgpack.decode(p) for _s, _v, p in stored_rows(path, run) if p[1] == 3]
     heads = [msgspec.msgpack.decode(c[3][0].data) for c in calls if type(c[3][0]) is Ext]
     two = sum(type(h) is list for h in heads)
     print(f"{len(calls)} calls, {len(heads)} deltas, {two} of two bases")
@@ -154,8 +143,8 @@ def test_heist_uses_second_bases_and_reads_canonical(heist: tuple[Path, str]) ->
         assert [(e.request, e.response) for e in j.events(old) if isinstance(e, ev.LlmCall)] == [
             (s.event.request, s.event.response) for s in events if isinstance(s.event, ev.LlmCall)
         ]
-    size = sum(len(p) for *_x, p in _stored(path, run))
-    size_v4 = sum(len(p) for *_x, p in _stored(v4, old))
+    size = sum(len(p) for *_x, p in stored_rows(path, run))
+    size_v4 = sum(len(p) for *_x, p in stored_rows(v4, old))
     print(f"stored payloads: v5 {size} B, v4 {size_v4} B")
     assert size < 0.75 * size_v4
 
@@ -192,7 +181,7 @@ def test_malformed_positional_payload_is_found(
     src, run = heist
     path = tmp_path / "j.db"
     shutil.copy(src, path)
-    stored = _stored(path, run)
+    stored = stored_rows(path, run)
     seq, _v, p = next(r for r in stored[10:] if r[2][1] == 3)  # a later LLM call
     tree: list[Any] = msgspec.msgpack.decode(p)
     if change == "mask bit added":
@@ -253,7 +242,7 @@ def test_branch_refers_to_its_parent_past_the_fork(rerun: tuple[Path, str, str, 
     verifies clean, and stores under 70% of what the parent's same events store (61% here:
     what is left is mostly seeds, timings and short fields)."""
     path, run, branch, fork = rerun
-    stored = _stored(path, branch)
+    stored = stored_rows(path, branch)
     far = [p for _s, _v, body in stored for p in _far_parts(body)]
     print(f"{len(far)} references past the fork at seq {fork}")
     assert len(far) >= 20
@@ -261,7 +250,7 @@ def test_branch_refers_to_its_parent_past_the_fork(rerun: tuple[Path, str, str, 
     with Journal(path, readonly=True) as j:
         assert all(s.payload == ev.encode(s.event) for s in j.read(branch))
         assert verify_journal(j).ok
-    parent_after = sum(len(b) for s, _v, b in _stored(path, run) if s >= fork)
+    parent_after = sum(len(b) for s, _v, b in stored_rows(path, run) if s >= fork)
     mine = sum(len(b) for _s, _v, b in stored)
     print(f"branch payloads {mine} B, the parent's past the fork {parent_after} B")
     assert mine < 0.7 * parent_after
@@ -275,11 +264,11 @@ def test_tampered_parent_string_names_the_branch_events(
     and seq), and nothing of the branch that does not contain the string."""
     path, run, branch, _fork = rerun
     users: dict[tuple[int, int], set[int]] = {}
-    for s, _v, body in _stored(path, branch):
+    for s, _v, body in stored_rows(path, branch):
         for p in _far_parts(body):
             users.setdefault((p[0], p[1]), set()).add(s)
     (holder, idx), used_by = max(users.items(), key=lambda kv: len(kv[1]))
-    (payload,) = [b for s, _v, b in _stored(path, run) if s == holder]
+    (payload,) = [b for s, _v, b in stored_rows(path, run) if s == holder]
     text = ev._event_strings(ev._marked_decoder.decode(payload))[idx]
     with Journal(path, readonly=True) as j:
         containing = {s.seq for s in j.read(branch) if text.encode() in s.payload}
@@ -300,7 +289,7 @@ def test_parent_reference_in_a_root_is_found(tmp_path: Path, heist: tuple[Path, 
     src, run = heist
     path = tmp_path / "j.db"
     shutil.copy(src, path)
-    seq, _v, p = next(r for r in _stored(path, run) if r[2][1] == 6)  # a chat message
+    seq, _v, p = next(r for r in stored_rows(path, run) if r[2][1] == 6)  # a chat message
     tree: list[Any] = msgspec.msgpack.decode(p)
     tree[3] = Ext(ev.STR_EXT, msgspec.msgpack.encode([[0, 0, None]]))
     _tamper(path, run, seq, msgspec.msgpack.encode(tree))
@@ -349,7 +338,7 @@ def test_stored_heist_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             assert all(s.payload == ev.encode(s.event) for s in j.read(r))
     digests = {}
     for name, r in (("run", run), ("again", again), ("other", other)):
-        stored = _stored(path, r)
+        stored = stored_rows(path, r)
         assert {v for _s, v, _p in stored} == {5}
         blob = b"".join(p for _s, _v, p in stored)
         digests[name] = (len(stored), len(blob), hashlib.blake2b(blob, digest_size=16).hexdigest())
@@ -383,7 +372,7 @@ def test_fold_reads_stored_payloads_as_the_full_ones(rerun: tuple[Path, str, str
         full = {(r, s.seq): s.payload for r in (run, branch) for s in j.read(r)}
     seen = {"llm_call": 0, "plain": 0, "resolved": 0}
     for r in (run, branch):
-        for seq, _v, stored in _stored(path, r):
+        for seq, _v, stored in stored_rows(path, r):
             got = ev.decode_stored_for_fold(stored)
             want = ev.decode_for_fold(full[(r, seq)])
             tree = msgspec.msgpack.decode(stored)

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from journal_helpers import KEY_OF, stored_rows
 
 from engine import events as ev
 from engine.heist.session import record_heist
@@ -25,21 +26,6 @@ from engine.policies.registry import make_policy
 from engine.verify import verify_journal
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-# the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
-KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
-
-
-def _stored(path: Path, run: str) -> list[tuple[int, int, bytes]]:
-    db = sqlite3.connect(path)
-    try:
-        return db.execute(
-            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq",
-            (run,),
-        ).fetchall()
-    finally:
-        db.close()
 
 
 def _call(step: int, request: list[dict[str, str]], response: str) -> ev.LlmCall:
@@ -70,7 +56,7 @@ def test_v4_encoding_known_answer(tmp_path: Path) -> None:
         ]  # resolved bytes are the canonical ones
         assert j.events(run)[2] == _call(1, second, "ok")
         assert verify_journal(j).ok
-    stored = _stored(path, run)
+    stored = stored_rows(path, run)
     assert [v for _s, v, _p in stored] == [4, 4, 4]
     ref = msgspec.msgpack.Ext
     assert msgspec.msgpack.decode(stored[1][2]) == {
@@ -109,7 +95,7 @@ def test_heist_reads_back_canonical_and_smaller(heist: tuple[Path, str]) -> None
         assert all(s.payload == ev.encode(s.event) for s in events)
         assert verify_journal(j).ok
     full = sum(len(s.payload) for s in events)
-    stored = sum(len(p) for _s, _v, p in _stored(path, run))
+    stored = sum(len(p) for _s, _v, p in stored_rows(path, run))
     print(f"full payloads {full} B, stored {stored} B")
     assert stored < full / 2
 
@@ -124,7 +110,7 @@ def test_branch_request_is_a_delta_of_the_parents(heist: tuple[Path, str]) -> No
     with Journal(path, readonly=True) as j:
         assert all(s.payload == ev.encode(s.event) for s in j.read(branch))
         kinds = {s.seq: s.kind for s in j.read(branch)}
-    calls = [(s, p) for s, _v, p in _stored(path, branch) if kinds[s] == "llm_call"]
+    calls = [(s, p) for s, _v, p in stored_rows(path, branch) if kinds[s] == "llm_call"]
     head = ev.from_positional(msgspec.msgpack.decode(calls[0][1]))["request"][0]
     assert head.code == ev.REQ_EXT
     bases = msgspec.msgpack.decode(head.data)
@@ -134,7 +120,7 @@ def test_branch_request_is_a_delta_of_the_parents(heist: tuple[Path, str]) -> No
 def _users(path: Path, run: str, holder: int, idx: int) -> set[int]:
     """Events whose stored payload refers to string `idx` of event `holder` directly."""
     out = set()
-    for seq, _v, p in _stored(path, run):
+    for seq, _v, p in stored_rows(path, run):
         found: list[Any] = []
 
         def hook(code: int, data: memoryview, found: list[Any] = found) -> Any:
@@ -155,7 +141,7 @@ def test_tampered_shared_string_names_every_event_built_from_it(
     (triggers dropped): verify names that event and every event that refers to it, each at
     its run and seq; no event is named that does not contain the string."""
     path, run = heist
-    stored = _stored(path, run)
+    stored = stored_rows(path, run)
     best: tuple[int, int, str, set[int]] | None = None
     for seq, _v, p in stored:
         inline = ev._event_strings(ev._marked_decoder.decode(p))
@@ -246,7 +232,7 @@ def test_system_prompts_stored_once_and_tamper_named(heist: tuple[Path, str]) ->
                    for m in e.request if m["role"] == "system"}  # fmt: skip
     assert {ev.text_key(ev.text_digest(p.encode())) for p in prompts} == set(texts)
     users: dict[str, set[int]] = {}
-    for seq, _v, p in _stored(path, run):
+    for seq, _v, p in stored_rows(path, run):
 
         def hook(code: int, data: memoryview, seq: int = seq) -> Any:
             if code == ev.TEXT_EXT:

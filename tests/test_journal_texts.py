@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from journal_helpers import stored_rows
 
 from engine import events as ev
 from engine.errors import TamperedJournal
@@ -18,9 +19,6 @@ from engine.interventions import DoResample, parent_info, run_branch
 from engine.journal import Journal
 from engine.policies.registry import make_policy
 from engine.verify import verify_journal
-
-# the events rows of a run by its public id (they carry its run_key, docs/decisions.md 38)
-KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
 
 
 @pytest.fixture
@@ -32,17 +30,6 @@ def heist(tmp_path: Path) -> tuple[Path, str]:
     return path, result.run_id
 
 
-def _stored(path: Path, run: str) -> list[tuple[int, int, bytes]]:
-    db = sqlite3.connect(path)
-    try:
-        return db.execute(
-            f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF} ORDER BY seq",
-            (run,),
-        ).fetchall()
-    finally:
-        db.close()
-
-
 def test_resolved_bytes_are_the_canonical_encoding(heist: tuple[Path, str]) -> None:
     """Reading a v3 journal gives back, byte for byte, the canonical encoding of each event,
     and each distinct long text is stored exactly once."""
@@ -52,7 +39,7 @@ def test_resolved_bytes_are_the_canonical_encoding(heist: tuple[Path, str]) -> N
         assert all(s.payload == ev.encode(s.event) for s in events)
         assert all(s.version == 3 for s in events)
         assert verify_journal(j).ok
-    stored = _stored(path, run)
+    stored = stored_rows(path, run)
     refs = [d for _s, _v, p in stored for d in ev.refs_of(p)]
     db = sqlite3.connect(path)
     (n_texts,) = db.execute("SELECT count(*) FROM texts").fetchone()
@@ -74,7 +61,7 @@ def test_branch_stores_only_what_it_adds(heist: tuple[Path, str]) -> None:
         j.write_version = 3
         branch = run_branch(j, parent_info(j, run), DoResample(k=6), 1).run_id
     (after,) = db.execute("SELECT count(*) FROM texts").fetchone()
-    refs = {d for _s, _v, p in _stored(path, branch) for d in ev.refs_of(p)}
+    refs = {d for _s, _v, p in stored_rows(path, branch) for d in ev.refs_of(p)}
     print(f"branch refers to {len(refs)} distinct texts, added {after - before}")
     assert 0 < after - before < len(refs)
 
@@ -84,7 +71,7 @@ def test_tampered_text_names_every_event_that_uses_it(heist: tuple[Path, str]) -
     event whose request was rebuilt from it, at its run and seq — and reading it is refused
     nowhere silently (the chain no longer matches)."""
     path, run = heist
-    stored = _stored(path, run)
+    stored = stored_rows(path, run)
     counts: dict[bytes, list[int]] = {}
     for seq, _v, p in stored:
         for d in set(ev.refs_of(p)):
