@@ -331,19 +331,11 @@ def _fold_positional(stored: bytes) -> Event | None:
     try:
         if len(stored) > 1 and stored[1] == KIND_CODES["llm_call"]:
             return _fold_llm_call(stored)
-        else:
-            # any reference in another kind is in a field the fold reads: give up at the first
-            tree = from_positional(_refusing_decoder.decode(stored))
-    except (_HasReference, ValueError, msgspec.DecodeError):
-        return None
-    if tree["kind"] == "llm_call":
-        # what the fold skips may hold references; FoldLlmCall has no such fields
-        tree.pop("request", None)
-        tree.pop("response", None)
-    try:
-        # a reference left in a field the fold reads cannot be encoded: resolve it first
+        # any reference in another kind is in a field the fold reads: give up at the first
+        tree = from_positional(_refusing_decoder.decode(stored))
+        # the map's bytes through the typed decoder: the fold's types, checked
         return _fold_decoder.decode(_encoder.encode(tree))  # type: ignore[no-any-return]
-    except (TypeError, msgspec.DecodeError):
+    except (_HasReference, ValueError, msgspec.DecodeError):
         return None
 
 

@@ -489,9 +489,73 @@ def test_long_edited_message_is_stored_as_line_slices() -> None:
         [1, len(new) - 2, len(new)],
     ]
 
+    # a change at the beginning: only a suffix shared; and text added after the last line
+    fourth = [
+        {"role": "system", "content": SYS_A},
+        {"role": "user", "content": "XY" + third[1]["content"][2:]},
+    ]
+    stored.append(comp.compact(3, ev.encode(_call(3, "a", fourth, "ok"))))
+    role, content = msgspec.msgpack.decode(stored[3])[3][2]
+    assert msgspec.msgpack.decode(content.data) == ["XY", [1, 2, len(new) - 4]]
+    tail = "a closing line that no earlier message held, long enough.\n" * 3
+    fifth_lines = list(lines)
+    fifth_lines[5] = "line 05: CHANGED in the middle this time.\n"
+    fifth = "".join(fifth_lines) + tail
+    msgs = [{"role": "system", "content": SYS_A}, {"role": "user", "content": fifth}]
+    comp5 = ev.Compactor()
+    first5 = comp5.compact(0, ev.encode(_call(0, "a", first, "ok")))
+    got5 = comp5.compact(1, ev.encode(_call(1, "a", msgs, "ok")))
+    role, content = msgspec.msgpack.decode(got5)[3][2]
+    assert msgspec.msgpack.decode(content.data) == [
+        [1, 0, off[5]],
+        fifth_lines[5],
+        [1, off[6], off[12]],
+        tail,
+    ]
+    assert first5 == stored[0]
+
     def load(_owner: str, seq: int) -> tuple[int, bytes]:
         return 5, stored[seq]
 
     resolver = ev.Resolver(lambda run, seq: run, load, lambda d: b"")
     back = [ev.decode(resolver.resolve("r", i, s)) for i, s in enumerate(stored)]
-    assert [c.request[1]["content"] for c in back] == [old, new, new[:-8] + "XY.\n"]  # type: ignore[attr-defined]
+    assert [c.request[1]["content"] for c in back] == [
+        old,
+        new,
+        new[:-8] + "XY.\n",
+        "XY" + new[2:-8] + "XY.\n",
+    ]  # type: ignore[attr-defined]
+
+
+def _stored_call(**fields: Any) -> list[Any]:
+    call = ev.LlmCall(
+        step=4, agent="a", request=[{"role": "user", "content": "go"}], seed=9, model="m",
+        response="ok", finish_reason="stop", **fields,
+    )  # fmt: skip
+    tree: list[Any] = msgspec.msgpack.decode(ev.Compactor().compact(0, ev.encode(call)))
+    return tree
+
+
+def test_fold_shortcut_learns_a_new_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An LLM call whose set of fields (its mask) no reader has met yet is folded all the
+    same (its layout is worked out and kept), and a mask that is not an integer is left to
+    the full decoder."""
+    monkeypatch.setattr(ev, "_LAYOUTS", {})
+    tree = _stored_call(system_fingerprint="fp", server="s")
+    want = ev.FoldLlmCall(agent="a", seed=9, step=4)
+    assert ev.decode_stored_for_fold(msgspec.msgpack.encode(tree)) == want
+    assert (ev.KIND_CODES["llm_call"], tree[1]) in ev._LAYOUTS
+    for odd in ([1, 2], "7", None):
+        tree[1] = odd
+        assert ev.decode_stored_for_fold(msgspec.msgpack.encode(tree)) is None, odd
+
+
+def test_field_this_engine_lacks_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored field position this engine's event type has no field for (a table from a
+    newer engine) is refused with the field named, not dropped."""
+    monkeypatch.setattr(ev, "_LAYOUTS", {})
+    monkeypatch.setitem(ev.STORED_FIELDS, "control", ("action", "reason", "step", "ghost"))
+    with pytest.raises(
+        ValueError, match=r"^a control event holds fields its type lacks: \['ghost'\]$"
+    ):
+        ev.from_positional([8, 0b1001, "stop", "x"])
