@@ -5,8 +5,16 @@ note, and the file listing leaves out directories."""
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
+import tempfile
+import threading
 from pathlib import Path
 
+import pytest
+
+from engine.errors import EngineError
 from engine.heist.tools import (
     MAX_NUMBER,
     MAX_OUTPUT_CHARS,
@@ -14,8 +22,11 @@ from engine.heist.tools import (
     ToolResult,
     _bounded,
     _render_rows,
+    _sql_reason,
     _unquote,
+    materialise,
     observation_for,
+    parse_tool_calls,
 )
 from engine.heist.world import make_world
 
@@ -74,3 +85,149 @@ def test_render_rows_edges() -> None:
     out = _render_rows(["c"], [("x" * 300,)] * 50)
     note = f"\n[... truncated at {MAX_OUTPUT_CHARS} characters]"
     assert out.endswith(note) and len(out) == MAX_OUTPUT_CHARS + len(note)
+
+
+# --- what the seed-1 sample of the second round showed unchecked -------------------------
+
+
+def test_fresh_database_has_the_worlds_columns(tmp_path: Path) -> None:
+    """A database built in a fresh folder names each column as the world's tables do."""
+    t = _tools(tmp_path)
+    assert t.run("database_query", "SELECT * FROM guards LIMIT 0").output == (
+        "name|post|shift|start_time|end_time\n(no rows)"
+    )
+    assert t.run("database_query", "SELECT * FROM vehicles WHERE 0").output == (
+        "plate|model|seats|fuel_pct\n(no rows)"
+    )
+
+
+def test_query_text_that_is_not_encodable_is_refused(tmp_path: Path) -> None:
+    """A query holding a lone surrogate (no valid UTF-8) is a failed result of the query tool
+    naming the error's type, not an exception."""
+    sql = "SELECT '\ud800'"
+    assert _tools(tmp_path).run("database_query", sql) == ToolResult(
+        "database_query", sql, False, "", "query rejected: UnicodeEncodeError"
+    )
+
+
+def test_sql_reason_of_a_readonly_database() -> None:
+    """SQLite's "attempt to write a readonly database" reads as the database being
+    read-only; an unknown message is passed on as an SQL error."""
+    assert _sql_reason("attempt to write a readonly database") == (
+        "not allowed: the security database is read-only"
+    )
+    assert _sql_reason("no such table: x") == "SQL error: no such table: x"
+
+
+def test_file_reader_exact_reasons(tmp_path: Path) -> None:
+    """An empty name and a symlink are refused with their whole reasons."""
+    t = _tools(tmp_path)
+    assert t.run("file_reader", "") == ToolResult("file_reader", "", False, "", "empty file name")
+    (t.files_dir / "link.txt").symlink_to(t.files_dir / "routes.txt")
+    assert t.run("file_reader", "link.txt").error == (
+        "'link.txt' is (or passes through) a symbolic link; links are not read"
+    )
+
+
+def test_file_reader_read_error_is_a_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that fails after the file was opened (an I/O error of the disk) is a failed
+    result of the file reader with the system's reason. Fault injected: os.fdopen raises EIO,
+    since a regular file inside the folder cannot be made to fail its read for real."""
+    t = _tools(tmp_path)
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdopen", broken)
+    assert t.run("file_reader", "routes.txt") == ToolResult(
+        "file_reader", "routes.txt", False, "", "cannot read 'routes.txt': Input/output error"
+    )
+
+
+def test_folder_layout_and_privacy(tmp_path: Path) -> None:
+    """The cache folder is created private (0700); a world's folder is named by its content
+    hash with '-' for ':' (a name every file system takes) and holds the marker with the hash."""
+    world = make_world(5)
+    base = tmp_path / "new" / "cache"
+    folder = materialise(world, base)
+    assert stat.S_IMODE(os.stat(base).st_mode) == 0o700
+    algo, digest = world.content_hash().split(":")
+    assert folder == base / f"{algo}-{digest}"
+    assert (folder / "complete").read_text() == world.content_hash() + "\n"
+    assert os.listdir(base) == [folder.name]
+
+
+def test_build_stays_inside_the_cache_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The world is built in a scratch folder inside the cache folder (one file system for
+    the final rename), never in the system temp dir: with TMPDIR pointing nowhere it still
+    builds, and no scratch folder is left."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    folder = materialise(make_world(6), tmp_path / "cache")
+    assert (folder / "complete").is_file()
+    assert os.listdir(tmp_path / "cache") == [folder.name]
+
+
+def test_incomplete_folder_in_the_way_is_named(tmp_path: Path) -> None:
+    """A world's folder that exists without its marker (a half copy by hand) is not used
+    nor replaced: the error names it and says what to do; the scratch copy is removed."""
+    world = make_world(5)
+    base = tmp_path / "cache"
+    base.mkdir(mode=0o700)
+    final = base / world.content_hash().replace(":", "-")
+    final.mkdir()
+    (final / "stray").write_text("x")
+    with pytest.raises(EngineError) as caught:
+        materialise(world, base)
+    assert str(caught.value) == f"heist folder {str(final)!r} exists but is incomplete; delete it"
+    assert sorted(os.listdir(base)) == [final.name]
+
+
+def test_toolboxes_of_two_worlds_in_one_folder(tmp_path: Path) -> None:
+    """Two worlds materialised under the same root get their own folders and answers."""
+    a, b = Toolbox(make_world(5), root=tmp_path), Toolbox(make_world(6), root=tmp_path)
+    assert a.folder != b.folder
+    assert a.world.content_hash() != b.world.content_hash()
+    assert (a.folder / "complete").read_text() != (b.folder / "complete").read_text()
+
+
+def test_unclosed_call_before_a_call(tmp_path: Path) -> None:
+    """An opening that never closes is skipped and the call after it is still found."""
+    assert parse_tool_calls("[TOOL:a:x [TOOL:b:1]") == [("b", "1")]
+
+
+def test_connections_one_per_thread_and_process(tmp_path: Path) -> None:
+    """A toolbox reuses its connection within a thread, another thread opens its own, and a
+    forked child never uses the connection it inherited (SQLite connections must not cross a
+    fork): it opens a new one."""
+    t = _tools(tmp_path)
+    mine = t._connection()
+    assert t._connection() is mine
+    other: list[object] = []
+    th = threading.Thread(target=lambda: other.append(t._connection()))
+    th.start()
+    th.join()
+    assert other and other[0] is not mine
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it got a connection of its own
+        try:
+            ok = t._connection() is not mine and t._connection() is t._connection()
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert t._connection() is mine
+
+
+def test_missing_security_database_is_a_result(tmp_path: Path) -> None:
+    """A world's folder whose database was deleted gives a failed query result saying the
+    database is unavailable, not an exception."""
+    t = _tools(tmp_path)
+    t.db_path.unlink()
+    r = t.run("database_query", "SELECT 1")
+    assert (r.tool, r.param, r.ok, r.output) == ("database_query", "SELECT 1", False, "")
+    assert r.error == "security database unavailable: unable to open database file"
