@@ -302,3 +302,62 @@ def test_stop_while_a_do_policy_branch_hangs(recorded: tuple[Journal, str]) -> N
     assert isinstance(own[-1], ev.RunEnded) and own[-1].status == "stopped"
     assert not iv_mod._open
     assert j.verify().ok
+
+
+def test_core_branch_of_a_programs_run_is_refused(recorded: tuple[Journal, str]) -> None:
+    """A run of a recorded program (its scenario drives its own steps) cannot be branched by
+    the core's step loop: the branch job fails in one line saying what refused and why, and
+    no branch is made."""
+    import msgspec
+
+    j, run = recorded
+    events = j.events(run)
+    started = msgspec.structs.replace(
+        events[0], scenario="program", config={"command": ["python", "x.py"]}
+    )
+    prog = j.create_run("program")
+    j.append(prog, [started, *(e for e in events[1:] if not isinstance(e, ev.MoleAssigned))], 0)
+    r = _branch_in(j, parent_info(j, prog), BranchSpec(DoResample(1), 5), None)
+    assert (r.run_id, r.status) == ("", "failed")
+    assert (r.error or "").startswith(
+        "a branch of the core's step loop rebuilds each step from s_k, and a 'program' run "
+        "drives its own steps: "
+    )
+    assert "\n" not in (r.error or "") and j.children(prog) == []
+
+
+class Seeing:
+    """The local executor, also keeping the labels each map call was given."""
+
+    name = "seeing"
+
+    def __init__(self) -> None:
+        from engine.executors.local import LocalExecutor
+
+        self.inner = LocalExecutor("inline", 1)
+        self.labels: list[set[str]] = []
+
+    def map(self, journal, parent, job, args, on_done, labels=()):  # type: ignore[no-untyped-def]
+        self.labels.append(set(labels))
+        self.inner.map(journal, parent, job, args, on_done, labels)
+
+    def stats(self):  # type: ignore[no-untyped-def]
+        return self.inner.stats()
+
+    def close(self, interrupted: bool = False) -> None:
+        self.inner.close(interrupted)
+
+
+def test_executor_is_told_the_branch_labels(recorded: tuple[Journal, str]) -> None:
+    """A lent executor is given the labels of the branches it runs (a remote one closes a
+    lost worker's branches by them): one per spec, as the branches are then labelled."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    specs = [BranchSpec(DoResample(2), branch_seed_for(8, i)) for i in range(2)]
+    seeing = Seeing()
+    with BranchRunner(j, parent, executor=seeing) as runner:  # type: ignore[arg-type]
+        out = runner.run(specs)
+        assert runner.mode == "seeing"
+    want = {branch_label(s.iv, branch_key(run, s.iv, s.branch_seed, None, None)) for s in specs}
+    assert seeing.labels == [want]
+    assert {j.run(b.run_id).label for b in out} == want
