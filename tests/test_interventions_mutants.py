@@ -542,3 +542,73 @@ def test_every_policy_name_has_its_options() -> None:
     from engine.policies.registry import POLICY_NAMES
 
     assert set(POLICY_NAMES) == set(POLICY_OPTIONS)
+
+
+# ------------------------------------------------------------------ second round (seed 2)
+
+
+def test_parse_intervention_messages_in_full() -> None:
+    """An unknown operation lists the five; an empty value is no value."""
+    with pytest.raises(
+        InterventionError,
+        match=r"^unknown operation 'swap'; expected one of: "
+        r"resample, action, observation, context, policy$",
+    ):
+        parse_intervention("swap", 1, None)
+    with pytest.raises(InterventionError, match=r"^do_action needs --value or --value-file$"):
+        parse_intervention("action", 1, "")
+
+
+def test_validate_lists_the_steps_with_tool_calls(recorded: tuple[Journal, str]) -> None:
+    """do_observation at a step without a tool call names the steps that have one."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    no_tools = type(parent)(run, 6, "completed", {}, frozenset({1, 4}), {})
+    with pytest.raises(
+        InterventionError,
+        match=rf"^do_observation needs a step with a tool call; step 2 of run {run!r} made "
+        r"none \(steps with tool calls: 1, 4\)$",
+    ):
+        validate(no_tools, DoObservation(2, "x"))
+
+
+def test_do_context_may_edit_the_first_step(recorded: tuple[Journal, str]) -> None:
+    """Step 0 is an earlier step too; a negative step is not."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    validate(parent, DoContext(3, {"step": 0, "text": "t"}))
+    with pytest.raises(InterventionError, match=r"\(0\.\.2\), got step -1$"):
+        validate(parent, DoContext(3, {"step": -1, "text": "t"}))
+
+
+def test_kept_steps_are_forced_in_the_branch(tmp_path: Path) -> None:
+    """A branch job's kept steps (Shapley's coalitions) are forced: the branch says exactly
+    the kept text there; its label keys on the kept steps and the override."""
+    from engine import events as ev
+    from engine.interventions import branch_label, run_branch
+
+    with Journal(tmp_path / "j.db") as j:
+        run = record_heist(j, SimPolicy(), seed=4, rounds=1).run_id
+        parent = parent_info(j, run)
+        r = _branch_in(j, parent, BranchSpec(DoResample(1), 5, keep={3: "we hold"}), None)
+        said = {e.step: e.text for e in j.events(r.run_id) if isinstance(e, ev.ChatMessage)}
+        assert said[3] == "we hold"
+        keep, override = {3: "we hold"}, {"drift": 0.0}
+        b = run_branch(j, parent, DoResample(1), 5, keep=keep, policy_override=override)
+        want = branch_label(DoResample(1), branch_key(run, DoResample(1), 5, keep, override))
+        assert j.run(b.run_id).label == want
+        assert want != branch_label(DoResample(1), branch_key(run, DoResample(1), 5, keep, None))
+        assert want != branch_label(
+            DoResample(1), branch_key(run, DoResample(1), 5, None, override)
+        )
+
+
+def test_ray_executor_on_a_sqlite_journal_is_refused(recorded: tuple[Journal, str]) -> None:
+    """--executor ray with a SQLite journal is refused in one line before any branch: its
+    workers on other machines cannot open the file."""
+    from engine.errors import ConfigError
+    from engine.executors.base import ExecutorOptions
+
+    j, run = recorded
+    with pytest.raises(ConfigError, match=r"^--executor ray needs a PostgreSQL journal"):
+        BranchRunner(j, parent_info(j, run), all_bases=False, executor=ExecutorOptions("ray"))
