@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import tempfile
 import threading
@@ -24,11 +25,12 @@ from engine.heist.tools import (
     _render_rows,
     _sql_reason,
     _unquote,
+    cache_root,
     materialise,
     observation_for,
     parse_tool_calls,
 )
-from engine.heist.world import make_world
+from engine.heist.world import World, make_world
 
 
 def _tools(tmp_path: Path) -> Toolbox:
@@ -231,3 +233,153 @@ def test_missing_security_database_is_a_result(tmp_path: Path) -> None:
     r = t.run("database_query", "SELECT 1")
     assert (r.tool, r.param, r.ok, r.output) == ("database_query", "SELECT 1", False, "")
     assert r.error == "security database unavailable: unable to open database file"
+
+
+# --- what the seed-2 sample showed unchecked ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "param", "error"),
+    [
+        ("calculator", "1\x00", "not an arithmetic expression: '1\\x00'"),
+        ("calculator", "abs(1)", "function calls are not allowed"),
+        ("calculator", "2**60", "result too large (limit 1e+15)"),
+        ("file_reader", "nope.txt", "no such file 'nope.txt'; available: building_layout.txt, "
+         "camera_schedule.txt, routes.txt, vault_specs.txt"),
+        ("database_query", "SELECT * FROM nope", "SQL error: no such table: nope"),
+        ("database_query", "SELECT 1" + " " * 2000, None),
+        ("database_query", "SELECT '" + "x" * 2000 + "'", "query longer than 2000 characters"),
+        ("database_query", "SELECT 1\x00", "query contains a NUL byte"),
+        ("database_query", "DELETE FROM guards", "only a single SELECT (or WITH ... SELECT) "
+         "query is allowed, got 'DELETE'; the security database is read-only"),
+        ("database_query", "SELECT ?", "query rejected: Incorrect number of bindings supplied. "
+         "The current statement uses 1, and there are 0 supplied."),
+        ("database_query", "SELECT random()", "not allowed (to use function: random): the "
+         "security database is read-only and accepts only queries"),
+    ],
+)  # fmt: skip
+def test_failed_results_in_full(tmp_path: Path, tool: str, param: str, error: str | None) -> None:
+    """Each refusal is a failed result of the tool asked, with the parameter as given and the
+    whole reason (a query padded with blanks past the limit is still a query)."""
+    r = _tools(tmp_path).run(tool, param)
+    if error is None:
+        assert r == ToolResult(tool, param, True, "1\n1")
+    else:
+        assert r == ToolResult(tool, param, False, "", error)
+
+
+def test_statement_length_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """The statement limit is 2 x MAX_SQL_CHARS bytes of UTF-8 (what SQLite counts): 1300
+    three-byte characters pass, 1400 do not."""
+    t = _tools(tmp_path)
+    ok = "SELECT '" + "€" * 1300 + "'"
+    assert t.run("database_query", ok).ok
+    big = "SELECT '" + "€" * 1400 + "'"
+    assert t.run("database_query", big).error == "SQL error: query string is too large"
+
+
+def test_sql_reasons_by_message() -> None:
+    """SQLite's out-of-memory and read-only messages map to their reasons; a refusal without
+    a detail says only that it is not allowed."""
+    assert _sql_reason("out of memory") == "query needed too much memory and was stopped"
+    assert _sql_reason("database is read-only") == "not allowed: the security database is read-only"
+    assert _sql_reason("not authorized") == (
+        "not allowed: the security database is read-only and accepts only queries"
+    )
+
+
+def test_successful_read_and_undecodable_bytes(tmp_path: Path) -> None:
+    """A read names its tool and parameter; bytes that are not UTF-8 read as U+FFFD."""
+    t = _tools(tmp_path)
+    (t.files_dir / "raw.txt").write_bytes(b"ok \xff\xfe end")
+    assert t.run("file_reader", "raw.txt") == ToolResult(
+        "file_reader", "raw.txt", True, "ok \ufffd\ufffd end"
+    )
+
+
+def test_hard_link_reason_in_full(tmp_path: Path) -> None:
+    """A hard-linked file is refused saying why (it may come from outside the folder)."""
+    t = _tools(tmp_path)
+    os.link(t.files_dir / "routes.txt", t.files_dir / "copy.txt")
+    assert t.run("file_reader", "copy.txt").error == (
+        "'copy.txt' has 2 hard links; a linked file is not read "
+        "(it may be a file from outside the heist folder)"
+    )
+
+
+def test_missing_files_folder_is_a_result(tmp_path: Path) -> None:
+    """A world folder whose files/ was removed gives a failed read naming the error."""
+    t = _tools(tmp_path)
+    shutil.rmtree(t.files_dir)
+    assert t.run("file_reader", "routes.txt") == ToolResult(
+        "file_reader", "routes.txt", False, "", "cannot read: FileNotFoundError"
+    )
+
+
+def test_non_text_tool_name_is_named_as_given(tmp_path: Path) -> None:
+    """A tool name that is not text is echoed as its text form in the failed result."""
+    r = _tools(tmp_path).run(5, "x")  # type: ignore[arg-type]
+    assert (r.tool, r.param, r.ok, r.error) == (
+        "5",
+        "x",
+        False,
+        "tool name and parameter must be text",
+    )
+
+
+def test_observation_keeps_the_parameter() -> None:
+    """The agent's observation carries the parameter of the call it answers."""
+    obs = observation_for(ToolResult("calculator", "6*7", True, "42"), 2)
+    assert (obs.tool, obs.param, obs.ok, obs.output) == ("calculator", "6*7", True, "42")
+
+
+def test_quote_characters_are_only_quotes(tmp_path: Path) -> None:
+    """Only ' and " quote inside a parameter: a letter does not hide the closing bracket."""
+    assert parse_tool_calls("[TOOL:a:X]X]") == [("a", "X")]
+
+
+def test_cache_root_is_per_user_under_the_temp_dir() -> None:
+    """Worlds are cached in car-heist-UID under the system temp dir."""
+    assert cache_root() == Path(tempfile.gettempdir()) / f"car-heist-{os.getuid()}"
+
+
+def test_cache_folder_of_another_owner_is_refused(tmp_path: Path) -> None:
+    """A cache folder owned by someone else is refused even when nobody else may write to it
+    (root: a folder given to uid 65534; another user: '/', which root owns)."""
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+    else:
+        theirs = Path("/")
+    assert stat.S_IMODE(os.stat(theirs).st_mode) & 0o022 == 0
+    with pytest.raises(EngineError, match="is not a private directory of this user"):
+        materialise(make_world(5), theirs)
+
+
+def test_threads_racing_to_build_one_world_share_the_folder(tmp_path: Path) -> None:
+    """Threads building the same world at once all get the one complete folder: those whose
+    rename loses to the first take the winner's folder instead of failing (five rounds of
+    eight threads started together)."""
+    world = make_world(9)
+    for round_ in range(5):
+        base = tmp_path / f"r{round_}"
+        start = threading.Barrier(8)
+        got: list[object] = []
+        threads = [
+            threading.Thread(target=_build_after, args=(start, world, base, got)) for _ in range(8)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert len(got) == 8 and len(set(got)) == 1 and isinstance(got[0], Path), got
+        assert os.listdir(base) == [got[0].name]
+
+
+def _build_after(start: threading.Barrier, world: World, base: Path, got: list[object]) -> None:
+    start.wait()
+    try:
+        got.append(materialise(world, base))
+    except Exception as e:  # a loser that failed: recorded, then asserted on
+        got.append(e)
