@@ -3,7 +3,11 @@ testing links them): closing branches left `recording`, a stop requested in the 
 fork, a branch stuck in a call to a server that never answers, and branches whose policy fails.
 
 The stop request is `STOP.set()`, exactly what the command's SIGINT handler does
-(engine/workers.py); the real-signal tests of the same promises are in test_interrupts.py."""
+(engine/workers.py); the real-signal tests of the same promises are in test_interrupts.py.
+
+Tests whose branches log errors capture the log (structlog.testing.capture_logs): the logger
+writes to the stderr it found when it was first configured, which a test runner that runs
+pytest more than once in one process (mutmut) has closed by the second run."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from engine import events as ev
 from engine import interventions as iv_mod
@@ -227,8 +232,11 @@ def test_do_policy_branches_whose_server_is_gone_fail(recorded: tuple[Journal, s
     j, run = recorded
     url = f"http://127.0.0.1:{_dead_port()}/v1"
     spec = {"name": "openai", "base_url": url, "model": "m", "max_retries": 0, "timeout": 5.0}
-    rep = fork_many(j, run, DoPolicy(2, spec), 2, seed=1)
+    with capture_logs() as logs:
+        rep = fork_many(j, run, DoPolicy(2, spec), 2, seed=1)
     assert [b.status for b in rep.branches] == ["failed", "failed"]
+    failed = [e for e in logs if e["event"] == "policy failed"]
+    assert [e["error"] for e in failed] == [b.error for b in rep.branches]
     assert all(b.bad is None and b.run_id for b in rep.branches)
     assert all((b.error or "").startswith(f"LLM server {url!r}") for b in rep.branches)
     assert (rep.scored, rep.bad, rep.bad_rate, rep.ci) == (0, 0, None, None)
@@ -281,15 +289,17 @@ def test_stop_while_a_do_policy_branch_hangs(recorded: tuple[Journal, str]) -> N
 
     threading.Thread(target=stop_once_inside, daemon=True).start()
     t0 = time.monotonic()
-    try:
-        with pytest.raises(Interrupted) as caught:
-            fork_many(j, run, DoPolicy(2, spec), 2, seed=1)
-        took = time.monotonic() - t0
-    finally:
-        hang.close()
-        deadline = time.monotonic() + 20
-        while iv_mod._open and time.monotonic() < deadline:  # the stuck call returns
-            time.sleep(0.02)
+    # the stuck branch's writer logs what it could not write once its call returns
+    with capture_logs():
+        try:
+            with pytest.raises(Interrupted) as caught:
+                fork_many(j, run, DoPolicy(2, spec), 2, seed=1)
+            took = time.monotonic() - t0
+        finally:
+            hang.close()
+            deadline = time.monotonic() + 20
+            while iv_mod._open and time.monotonic() < deadline:  # the stuck call returns
+                time.sleep(0.02)
     assert hang.accepted, "no request reached the server"
     assert took < 10, f"the fork took {took:.1f} s to stop"
     assert caught.value.message == "interrupted: 1 open branches closed as stopped"
