@@ -383,3 +383,54 @@ def _build_after(start: threading.Barrier, world: World, base: Path, got: list[o
         got.append(materialise(world, base))
     except Exception as e:  # a loser that failed: recorded, then asserted on
         got.append(e)
+
+
+# --- what a fresh sample (seed 3) showed unchecked -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "result"),
+    [
+        ("10-3", ToolResult("calculator", "10-3", True, "7")),
+        ("2 - 5", ToolResult("calculator", "2 - 5", True, "-3")),
+        ("1/10000000", ToolResult("calculator", "1/10000000", True, "1e-07")),
+        # 15.5 x log10(10) is exactly the estimate's bound: computed, then refused by size
+        ("10**15.5",
+         ToolResult("calculator", "10**15.5", False, "", "number too large (limit 1e+15)")),
+    ],
+)  # fmt: skip
+def test_calculator_results_in_full(tmp_path: Path, expr: str, result: ToolResult) -> None:
+    """Binary minus, a small float's exponent form and the power estimate's boundary, as the
+    whole result of the calculator."""
+    assert _tools(tmp_path).run("calculator", expr) == result
+
+
+def test_more_refusals_in_full(tmp_path: Path) -> None:
+    """A query not starting with a word, './/' (the folder itself) and a name of 256
+    characters are refused with their reasons; 255 characters are still a name."""
+    t = _tools(tmp_path)
+    assert t.run("database_query", "(SELECT 1)").error == (
+        "only a single SELECT (or WITH ... SELECT) query is allowed, got '(SELECT 1)'; "
+        "the security database is read-only"
+    )
+    assert t.run("file_reader", ".//").error == "'.' is the folder itself, not a file"
+    assert t.run("file_reader", "a" * 256).error == "file name longer than 255 characters"
+    assert (t.run("file_reader", "a" * 255).error or "").startswith("no such file 'aaa")
+
+
+def test_calls_back_to_back() -> None:
+    """Two calls without a parameter, one right after the other, are both found."""
+    assert parse_tool_calls("[TOOL:a][TOOL:b]") == [("a", ""), ("b", "")]
+
+
+def test_shared_cache_folder_message_names_it(tmp_path: Path) -> None:
+    """The refusal of a cache folder others may write to names the folder."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    shared.chmod(0o777)
+    with pytest.raises(EngineError) as caught:
+        materialise(make_world(5), shared)
+    assert str(caught.value) == (
+        f"heist cache folder {str(shared)!r} is not a private directory of this user "
+        "(a symlink, another owner, or writable by others)"
+    )
