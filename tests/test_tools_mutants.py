@@ -242,6 +242,7 @@ def test_missing_security_database_is_a_result(tmp_path: Path) -> None:
     ("tool", "param", "error"),
     [
         ("calculator", "1\x00", "not an arithmetic expression: '1\\x00'"),
+        ("calculator", "\ud800", "not an arithmetic expression: '\\ud800'"),  # not UTF-8
         ("calculator", "abs(1)", "function calls are not allowed"),
         ("calculator", "2**60", "result too large (limit 1e+15)"),
         ("file_reader", "nope.txt", "no such file 'nope.txt'; available: building_layout.txt, "
