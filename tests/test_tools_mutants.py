@@ -37,6 +37,15 @@ def _tools(tmp_path: Path) -> Toolbox:
     return Toolbox(make_world(5), root=tmp_path)
 
 
+def _own_tools(tmp_path: Path) -> Toolbox:
+    """A toolbox whose world folder is this test's own, for tests that change the folder: a
+    mutant that ignored `root` would otherwise have them change the shared cache that every
+    other test and process reads."""
+    t = _tools(tmp_path)
+    assert tmp_path in t.folder.parents, t.folder
+    return t
+
+
 def test_results_name_their_tool_and_exact_reason(tmp_path: Path) -> None:
     """Unknown tools, two statements, attribute access and a NUL byte: each a failed result
     of the tool asked for, with the whole reason."""
@@ -60,7 +69,7 @@ def test_results_name_their_tool_and_exact_reason(tmp_path: Path) -> None:
 
 def test_listing_leaves_out_directories(tmp_path: Path) -> None:
     """A missing file's error lists the regular files only, not a directory beside them."""
-    t = _tools(tmp_path)
+    t = _own_tools(tmp_path)
     (t.files_dir / "sub").mkdir()
     assert t.run("file_reader", "nope.txt").error == (
         "no such file 'nope.txt'; available: building_layout.txt, camera_schedule.txt, "
@@ -123,7 +132,7 @@ def test_sql_reason_of_a_readonly_database() -> None:
 
 def test_file_reader_exact_reasons(tmp_path: Path) -> None:
     """An empty name and a symlink are refused with their whole reasons."""
-    t = _tools(tmp_path)
+    t = _own_tools(tmp_path)
     assert t.run("file_reader", "") == ToolResult("file_reader", "", False, "", "empty file name")
     (t.files_dir / "link.txt").symlink_to(t.files_dir / "routes.txt")
     assert t.run("file_reader", "link.txt").error == (
@@ -137,7 +146,7 @@ def test_file_reader_read_error_is_a_result(
     """A read that fails after the file was opened (an I/O error of the disk) is a failed
     result of the file reader with the system's reason. Fault injected: os.fdopen raises EIO,
     since a regular file inside the folder cannot be made to fail its read for real."""
-    t = _tools(tmp_path)
+    t = _own_tools(tmp_path)
 
     def broken(*args: object, **kwargs: object) -> object:
         raise OSError(errno.EIO, "Input/output error")
@@ -228,7 +237,7 @@ def test_connections_one_per_thread_and_process(tmp_path: Path) -> None:
 def test_missing_security_database_is_a_result(tmp_path: Path) -> None:
     """A world's folder whose database was deleted gives a failed query result saying the
     database is unavailable, not an exception."""
-    t = _tools(tmp_path)
+    t = _own_tools(tmp_path)
     t.db_path.unlink()
     r = t.run("database_query", "SELECT 1")
     assert (r.tool, r.param, r.ok, r.output) == ("database_query", "SELECT 1", False, "")
@@ -291,7 +300,7 @@ def test_sql_reasons_by_message() -> None:
 
 def test_successful_read_and_undecodable_bytes(tmp_path: Path) -> None:
     """A read names its tool and parameter; bytes that are not UTF-8 read as U+FFFD."""
-    t = _tools(tmp_path)
+    t = _own_tools(tmp_path)
     (t.files_dir / "raw.txt").write_bytes(b"ok \xff\xfe end")
     assert t.run("file_reader", "raw.txt") == ToolResult(
         "file_reader", "raw.txt", True, "ok \ufffd\ufffd end"
@@ -300,7 +309,7 @@ def test_successful_read_and_undecodable_bytes(tmp_path: Path) -> None:
 
 def test_hard_link_reason_in_full(tmp_path: Path) -> None:
     """A hard-linked file is refused saying why (it may come from outside the folder)."""
-    t = _tools(tmp_path)
+    t = _own_tools(tmp_path)
     os.link(t.files_dir / "routes.txt", t.files_dir / "copy.txt")
     assert t.run("file_reader", "copy.txt").error == (
         "'copy.txt' has 2 hard links; a linked file is not read "
@@ -310,7 +319,7 @@ def test_hard_link_reason_in_full(tmp_path: Path) -> None:
 
 def test_missing_files_folder_is_a_result(tmp_path: Path) -> None:
     """A world folder whose files/ was removed gives a failed read naming the error."""
-    t = _tools(tmp_path)
+    t = _own_tools(tmp_path)
     shutil.rmtree(t.files_dir)
     assert t.run("file_reader", "routes.txt") == ToolResult(
         "file_reader", "routes.txt", False, "", "cannot read: FileNotFoundError"
