@@ -612,3 +612,31 @@ def test_ray_executor_on_a_sqlite_journal_is_refused(recorded: tuple[Journal, st
     j, run = recorded
     with pytest.raises(ConfigError, match=r"^--executor ray needs a PostgreSQL journal"):
         BranchRunner(j, parent_info(j, run), all_bases=False, executor=ExecutorOptions("ray"))
+
+
+# ------------------------------------------------------------------ a fresh sample (seed 3)
+
+
+def test_letters_outside_strings_are_not_brackets() -> None:
+    """Text after a do_context object is bad JSON, not deep nesting."""
+    with pytest.raises(InterventionError, match="^do_context value is not valid JSON: Extra data"):
+        parse_context_edit('{"text": "t"} XXXXX')
+
+
+def test_branch_job_passes_the_override(recorded: tuple[Journal, str]) -> None:
+    """An executor's branch job applies the policy override it is handed."""
+    from engine.interventions import branch_job
+
+    j, run = recorded
+    r = branch_job(j, parent_info(j, run), (BranchSpec(DoResample(1), 5), {"drift": 7.0}))
+    assert (r.status, r.run_id) == ("failed", "")
+
+
+def test_runner_counts_branches_over_batches(recorded: tuple[Journal, str]) -> None:
+    """A runner used for two batches counts the branches of both as created."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    with BranchRunner(j, parent) as runner:
+        runner.run([BranchSpec(DoResample(5), branch_seed_for(31, 0))])
+        runner.run([BranchSpec(DoResample(5), branch_seed_for(31, i)) for i in (1, 2)])
+        assert runner.created == 3
