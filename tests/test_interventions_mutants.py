@@ -619,7 +619,7 @@ def test_ray_executor_on_a_sqlite_journal_is_refused(recorded: tuple[Journal, st
 
 def test_letters_outside_strings_are_not_brackets() -> None:
     """Text after a do_context object is bad JSON, not deep nesting."""
-    with pytest.raises(InterventionError, match="^do_context value is not valid JSON: Extra data"):
+    with pytest.raises(InterventionError, match=r"^do_context value is not valid JSON: Extra data"):
         parse_context_edit('{"text": "t"} XXXXX')
 
 
