@@ -71,6 +71,7 @@ MODULES: dict[str, list[str]] = {
     ],
     "engine/interventions.py": [
         "tests/test_interventions_mutants.py",
+        "tests/test_interventions_stops.py",
         "tests/test_interventions.py",
         "tests/test_boundaries.py",
     ],

@@ -349,6 +349,7 @@ def test_symlinked_directory_in_the_folder_is_refused(tmp_path: Path, target: st
     """A symlinked directory inside the tools' folder is refused even when it points back into
     the folder itself (so following it would read a legitimate file)."""
     tb = Toolbox(make_world(77), root=tmp_path)
+    assert tmp_path in tb.folder.parents  # never change the shared cache (a mutant's root)
     real = sorted(p.name for p in tb.files_dir.iterdir() if p.is_file())[0]
     (tb.files_dir / "sub").symlink_to(tb.files_dir if target == "inside" else tb.files_dir.parent)
     name = f"sub/{real}" if target == "inside" else f"sub/{tb.files_dir.name}/{real}"

@@ -389,3 +389,254 @@ def test_runner_mode_follows_an_overridden_policy_name(recorded: tuple[Journal, 
     parent = parent_info(j, run)
     with BranchRunner(j, parent, all_bases=False, policy_override={"name": "sim-honest"}) as r:
         assert r.mode == "inline"
+
+
+# ------------------------------------------------------------------ second round (seed 1)
+
+
+def test_nul_bytes_message_in_full() -> None:
+    """A value with a NUL byte is refused as binary data, naming what it is."""
+    with pytest.raises(
+        InterventionError,
+        match=r"^do_action value contains NUL bytes: it must be text, not binary data$",
+    ):
+        parse_intervention("action", 1, "a\x00b")
+
+
+def test_wilson_at_zero_and_one_branch() -> None:
+    """No scored branch gives the whole [0, 1]; one branch already gives Wilson's interval
+    (scipy's binomtest), not the whole range."""
+    from scipy.stats import binomtest
+
+    from engine.interventions import wilson
+
+    assert wilson(0, 0) == (0.0, 1.0)
+    want = binomtest(1, 1).proportion_ci(0.95, method="wilson")
+    assert wilson(1, 1) == pytest.approx((want.low, want.high))
+    assert wilson(1, 1)[0] > 0.2
+
+
+def test_branch_base_is_cached(tmp_path: Path) -> None:
+    """A base computed once is returned again from the cache (the same object), and it is the
+    state and conversation the journal has before the fork point."""
+    from engine.interventions import branch_base
+    from engine.projections import conversation
+
+    with Journal(tmp_path / "j.db") as j:
+        run = record_heist(j, SimPolicy(), seed=6, rounds=1).run_id
+        parent = parent_info(j, run)
+        first = branch_base(j, parent, 3)
+        assert branch_base(j, parent, 3) is first
+        assert list(first.prefix) == conversation(j, run, first.fork_seq)
+
+
+def test_prepared_bases_match_the_journal_after_a_context_edit(tmp_path: Path) -> None:
+    """Bases prepared in one pass over a branch whose history holds a do_context edit are the
+    ones the journal's own projection gives: the edited conversation, agents and steps kept."""
+    from engine.interventions import BranchBase, prepare_bases, run_branch
+    from engine.projections import conversation
+    from engine.state import state_at_seq
+
+    with Journal(tmp_path / "j.db") as j:
+        run = record_heist(j, SimPolicy(), seed=6, rounds=1).run_id
+        edit = {"step": 1, "text": "[PLAN:route=old_mill_lane]"}
+        b = run_branch(j, parent_info(j, run), DoContext(3, edit), 7).run_id
+        parent = parent_info(j, b)
+        assert prepare_bases(j, parent) == parent.steps
+        import engine.interventions as m
+
+        for k in range(parent.steps):
+            got = m._bases[(j.url, b, k)]
+            want = BranchBase(
+                got.fork_seq,
+                state_at_seq(j, b, got.fork_seq),
+                tuple(conversation(j, b, got.fork_seq)),
+            )
+            assert got == want, k
+        assert [line.text for line in m._bases[(j.url, b, 5)].prefix][1] == edit["text"]
+
+
+def test_completed_run_without_an_outcome_is_not_reused(tmp_path: Path) -> None:
+    """A branch that ended completed but carries no `bad` is not read back as a result, and
+    neither is one that ended otherwise."""
+    from engine import events as ev
+    from engine.interventions import branch_outcome
+
+    with Journal(tmp_path / "j.db") as j:
+        full = record_heist(j, SimPolicy(), seed=4, rounds=1).run_id
+        events = j.events(full)
+        opening = [e for e in events if e.step is None][:1]
+        for end in (
+            ev.RunEnded(status="completed", outcome={}),
+            ev.RunEnded(status="stopped", outcome={"bad": True}),
+        ):
+            run = j.create_run("heist")
+            j.append(run, [*opening, end], 0)
+            assert branch_outcome(j, run) is None
+        got = branch_outcome(j, full)
+        assert got is not None and (got.error, got.reused) == (None, True)
+
+
+def test_do_context_added_at_the_last_step_counts_in_the_outcome(tmp_path: Path) -> None:
+    """A message added by do_context is part of the conversation the outcome is scored on:
+    a route stated only there is the plan's route."""
+    from engine.interventions import run_branch
+
+    with Journal(tmp_path / "j.db") as j:
+        run = record_heist(j, SimPolicy(), seed=4, rounds=1).run_id
+        parent = parent_info(j, run)
+        assert "route" not in parent.outcome["plan"]
+        k = parent.steps - 1
+        edit = {"text": "[PLAN:route=through_the_roof]"}
+        r = run_branch(j, parent, DoContext(k, edit), branch_seed=3)
+    assert r.outcome["plan"]["route"] == "through_the_roof"
+
+
+def test_run_branches_keeps_spec_order(recorded: tuple[Journal, str]) -> None:
+    """run_branches runs each spec once on the given parent and returns results in spec
+    order, each naming a new branch of that parent."""
+    from engine.interventions import run_branches
+
+    j, run = recorded
+    parent = parent_info(j, run)
+    specs = [BranchSpec(DoResample(4), branch_seed_for(21, i)) for i in range(3)]
+    before = {c.run_id for c in j.children(run)}
+    out = run_branches(j, parent, specs)
+    made = [c for c in j.children(run) if c.run_id not in before]
+    assert len(out) == 3 and {c.run_id for c in made} == {b.run_id for b in out}
+    for spec, b in zip(specs, out, strict=True):
+        first = j.events(b.run_id)[j.run(b.run_id).fork_seq or 0]
+        assert first.branch_seed == spec.branch_seed  # type: ignore[union-attr]
+
+
+def test_runner_mode_of_an_override_naming_a_server_policy(recorded: tuple[Journal, str]) -> None:
+    """An override naming a server-backed policy runs the branches of a sim run in threads,
+    and the executor itself runs in the mode the runner reports."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    override = {"name": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    with BranchRunner(j, parent, all_bases=False, policy_override=override) as r:
+        assert r.mode == "threads" and r.executor.mode == "threads"  # type: ignore[attr-defined]
+    with BranchRunner(j, parent, all_bases=False) as r:
+        assert r.executor.mode == "inline"  # type: ignore[attr-defined]
+    with BranchRunner(j, parent, all_bases=False, concurrency=2) as r:
+        assert r.executor.mode == "processes"  # type: ignore[attr-defined]
+
+
+def test_do_policy_of_the_embedded_policy_runs_in_processes(
+    recorded: tuple[Journal, str],
+) -> None:
+    """do_policy swapping in an embedded policy at concurrency 2 runs its branches in worker
+    processes (CPU work; threads would share one core), as the report's executor shows."""
+    j, run = recorded
+    rep = fork_many(j, run, DoPolicy(2, {"name": "sim-honest"}), 2, seed=3, concurrency=2)
+    assert rep.scored == 2
+    assert rep.executor is not None
+    assert rep.executor["workers"] == 2 and len(rep.executor["busy_s"] or []) == 2
+
+
+def test_every_policy_name_has_its_options() -> None:
+    """Each policy do_policy accepts has an entry in POLICY_OPTIONS (the option check never
+    meets a policy it knows nothing of)."""
+    from engine.interventions import POLICY_OPTIONS
+    from engine.policies.registry import POLICY_NAMES
+
+    assert set(POLICY_NAMES) == set(POLICY_OPTIONS)
+
+
+# ------------------------------------------------------------------ second round (seed 2)
+
+
+def test_parse_intervention_messages_in_full() -> None:
+    """An unknown operation lists the five; an empty value is no value."""
+    with pytest.raises(
+        InterventionError,
+        match=r"^unknown operation 'swap'; expected one of: "
+        r"resample, action, observation, context, policy$",
+    ):
+        parse_intervention("swap", 1, None)
+    with pytest.raises(InterventionError, match=r"^do_action needs --value or --value-file$"):
+        parse_intervention("action", 1, "")
+
+
+def test_validate_lists_the_steps_with_tool_calls(recorded: tuple[Journal, str]) -> None:
+    """do_observation at a step without a tool call names the steps that have one."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    no_tools = type(parent)(run, 6, "completed", {}, frozenset({1, 4}), {})
+    with pytest.raises(
+        InterventionError,
+        match=rf"^do_observation needs a step with a tool call; step 2 of run {run!r} made "
+        r"none \(steps with tool calls: 1, 4\)$",
+    ):
+        validate(no_tools, DoObservation(2, "x"))
+
+
+def test_do_context_may_edit_the_first_step(recorded: tuple[Journal, str]) -> None:
+    """Step 0 is an earlier step too; a negative step is not."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    validate(parent, DoContext(3, {"step": 0, "text": "t"}))
+    with pytest.raises(InterventionError, match=r"\(0\.\.2\), got step -1$"):
+        validate(parent, DoContext(3, {"step": -1, "text": "t"}))
+
+
+def test_kept_steps_are_forced_in_the_branch(tmp_path: Path) -> None:
+    """A branch job's kept steps (Shapley's coalitions) are forced: the branch says exactly
+    the kept text there; its label keys on the kept steps and the override."""
+    from engine import events as ev
+    from engine.interventions import branch_label, run_branch
+
+    with Journal(tmp_path / "j.db") as j:
+        run = record_heist(j, SimPolicy(), seed=4, rounds=1).run_id
+        parent = parent_info(j, run)
+        r = _branch_in(j, parent, BranchSpec(DoResample(1), 5, keep={3: "we hold"}), None)
+        said = {e.step: e.text for e in j.events(r.run_id) if isinstance(e, ev.ChatMessage)}
+        assert said[3] == "we hold"
+        keep, override = {3: "we hold"}, {"drift": 0.0}
+        b = run_branch(j, parent, DoResample(1), 5, keep=keep, policy_override=override)
+        want = branch_label(DoResample(1), branch_key(run, DoResample(1), 5, keep, override))
+        assert j.run(b.run_id).label == want
+        assert want != branch_label(DoResample(1), branch_key(run, DoResample(1), 5, keep, None))
+        assert want != branch_label(
+            DoResample(1), branch_key(run, DoResample(1), 5, None, override)
+        )
+
+
+def test_ray_executor_on_a_sqlite_journal_is_refused(recorded: tuple[Journal, str]) -> None:
+    """--executor ray with a SQLite journal is refused in one line before any branch: its
+    workers on other machines cannot open the file."""
+    from engine.errors import ConfigError
+    from engine.executors.base import ExecutorOptions
+
+    j, run = recorded
+    with pytest.raises(ConfigError, match=r"^--executor ray needs a PostgreSQL journal"):
+        BranchRunner(j, parent_info(j, run), all_bases=False, executor=ExecutorOptions("ray"))
+
+
+# ------------------------------------------------------------------ a fresh sample (seed 3)
+
+
+def test_letters_outside_strings_are_not_brackets() -> None:
+    """Text after a do_context object is bad JSON, not deep nesting."""
+    with pytest.raises(InterventionError, match=r"^do_context value is not valid JSON: Extra data"):
+        parse_context_edit('{"text": "t"} XXXXX')
+
+
+def test_branch_job_passes_the_override(recorded: tuple[Journal, str]) -> None:
+    """An executor's branch job applies the policy override it is handed."""
+    from engine.interventions import branch_job
+
+    j, run = recorded
+    r = branch_job(j, parent_info(j, run), (BranchSpec(DoResample(1), 5), {"drift": 7.0}))
+    assert (r.status, r.run_id) == ("failed", "")
+
+
+def test_runner_counts_branches_over_batches(recorded: tuple[Journal, str]) -> None:
+    """A runner used for two batches counts the branches of both as created."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    with BranchRunner(j, parent) as runner:
+        runner.run([BranchSpec(DoResample(5), branch_seed_for(31, 0))])
+        runner.run([BranchSpec(DoResample(5), branch_seed_for(31, i)) for i in (1, 2)])
+        assert runner.created == 3

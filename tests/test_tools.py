@@ -242,6 +242,7 @@ def test_file_reader_refuses_symlinks_and_dirs(tmp_path: Path) -> None:
     """A symlink planted in the folder (even to a file inside it) and a directory are refused;
     a file above the limit is truncated."""
     tb = Toolbox(make_world(77), root=tmp_path)
+    assert tmp_path in tb.folder.parents  # never change the shared cache (a mutant's root)
     outside = tmp_path / "outside.txt"
     outside.write_text("secret")
     (tb.files_dir / "escape.txt").symlink_to(outside)

@@ -212,6 +212,7 @@ def test_file_reader_refuses_planted_files_without_blocking(
     root = Path(tempfile.mkdtemp(prefix="car-", dir="/tmp"))
     request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
     tb = Toolbox(make_world(78), root=root)
+    assert root in tb.folder.parents  # never change the shared cache (a mutant's root)
     outside = tmp_path / "outside.txt"
     outside.write_text("TOP SECRET outside the heist folder")
     plant(tb.files_dir, outside)  # type: ignore[operator]
@@ -231,6 +232,7 @@ def test_file_reader_refuses_planted_files_without_blocking(
 def test_file_reader_still_reads_a_real_file_in_a_subdirectory(tmp_path: Path) -> None:
     """A regular, singly-linked file in a real subdirectory is read."""
     tb = Toolbox(make_world(79), root=tmp_path)
+    assert tmp_path in tb.folder.parents  # never change the shared cache (a mutant's root)
     (tb.files_dir / "sub").mkdir()
     (tb.files_dir / "sub" / "note.txt").write_text("meet at 01:30")
     r = tb.run("file_reader", "sub/note.txt")

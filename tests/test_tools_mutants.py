@@ -5,8 +5,17 @@ note, and the file listing leaves out directories."""
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+import stat
+import tempfile
+import threading
 from pathlib import Path
 
+import pytest
+
+from engine.errors import EngineError
 from engine.heist.tools import (
     MAX_NUMBER,
     MAX_OUTPUT_CHARS,
@@ -14,14 +23,27 @@ from engine.heist.tools import (
     ToolResult,
     _bounded,
     _render_rows,
+    _sql_reason,
     _unquote,
+    cache_root,
+    materialise,
     observation_for,
+    parse_tool_calls,
 )
-from engine.heist.world import make_world
+from engine.heist.world import World, make_world
 
 
 def _tools(tmp_path: Path) -> Toolbox:
     return Toolbox(make_world(5), root=tmp_path)
+
+
+def _own_tools(tmp_path: Path) -> Toolbox:
+    """A toolbox whose world folder is this test's own, for tests that change the folder: a
+    mutant that ignored `root` would otherwise have them change the shared cache that every
+    other test and process reads."""
+    t = _tools(tmp_path)
+    assert tmp_path in t.folder.parents, t.folder
+    return t
 
 
 def test_results_name_their_tool_and_exact_reason(tmp_path: Path) -> None:
@@ -47,7 +69,7 @@ def test_results_name_their_tool_and_exact_reason(tmp_path: Path) -> None:
 
 def test_listing_leaves_out_directories(tmp_path: Path) -> None:
     """A missing file's error lists the regular files only, not a directory beside them."""
-    t = _tools(tmp_path)
+    t = _own_tools(tmp_path)
     (t.files_dir / "sub").mkdir()
     assert t.run("file_reader", "nope.txt").error == (
         "no such file 'nope.txt'; available: building_layout.txt, camera_schedule.txt, "
@@ -74,3 +96,351 @@ def test_render_rows_edges() -> None:
     out = _render_rows(["c"], [("x" * 300,)] * 50)
     note = f"\n[... truncated at {MAX_OUTPUT_CHARS} characters]"
     assert out.endswith(note) and len(out) == MAX_OUTPUT_CHARS + len(note)
+
+
+# --- what the seed-1 sample of the second round showed unchecked -------------------------
+
+
+def test_fresh_database_has_the_worlds_columns(tmp_path: Path) -> None:
+    """A database built in a fresh folder names each column as the world's tables do."""
+    t = _tools(tmp_path)
+    assert t.run("database_query", "SELECT * FROM guards LIMIT 0").output == (
+        "name|post|shift|start_time|end_time\n(no rows)"
+    )
+    assert t.run("database_query", "SELECT * FROM vehicles WHERE 0").output == (
+        "plate|model|seats|fuel_pct\n(no rows)"
+    )
+
+
+def test_query_text_that_is_not_encodable_is_refused(tmp_path: Path) -> None:
+    """A query holding a lone surrogate (no valid UTF-8) is a failed result of the query tool
+    naming the error's type, not an exception."""
+    sql = "SELECT '\ud800'"
+    assert _tools(tmp_path).run("database_query", sql) == ToolResult(
+        "database_query", sql, False, "", "query rejected: UnicodeEncodeError"
+    )
+
+
+def test_sql_reason_of_a_readonly_database() -> None:
+    """SQLite's "attempt to write a readonly database" reads as the database being
+    read-only; an unknown message is passed on as an SQL error."""
+    assert _sql_reason("attempt to write a readonly database") == (
+        "not allowed: the security database is read-only"
+    )
+    assert _sql_reason("no such table: x") == "SQL error: no such table: x"
+
+
+def test_file_reader_exact_reasons(tmp_path: Path) -> None:
+    """An empty name and a symlink are refused with their whole reasons."""
+    t = _own_tools(tmp_path)
+    assert t.run("file_reader", "") == ToolResult("file_reader", "", False, "", "empty file name")
+    (t.files_dir / "link.txt").symlink_to(t.files_dir / "routes.txt")
+    assert t.run("file_reader", "link.txt").error == (
+        "'link.txt' is (or passes through) a symbolic link; links are not read"
+    )
+
+
+def test_file_reader_read_error_is_a_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that fails after the file was opened (an I/O error of the disk) is a failed
+    result of the file reader with the system's reason. Fault injected: os.fdopen raises EIO,
+    since a regular file inside the folder cannot be made to fail its read for real."""
+    t = _own_tools(tmp_path)
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdopen", broken)
+    assert t.run("file_reader", "routes.txt") == ToolResult(
+        "file_reader", "routes.txt", False, "", "cannot read 'routes.txt': Input/output error"
+    )
+
+
+def test_folder_layout_and_privacy(tmp_path: Path) -> None:
+    """The cache folder is created private (0700); a world's folder is named by its content
+    hash with '-' for ':' (a name every file system takes) and holds the marker with the hash."""
+    world = make_world(5)
+    base = tmp_path / "new" / "cache"
+    folder = materialise(world, base)
+    assert stat.S_IMODE(os.stat(base).st_mode) == 0o700
+    algo, digest = world.content_hash().split(":")
+    assert folder == base / f"{algo}-{digest}"
+    assert (folder / "complete").read_text() == world.content_hash() + "\n"
+    assert os.listdir(base) == [folder.name]
+
+
+def test_build_stays_inside_the_cache_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The world is built in a scratch folder inside the cache folder (one file system for
+    the final rename), never in the system temp dir: with TMPDIR pointing nowhere it still
+    builds, and no scratch folder is left."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    folder = materialise(make_world(6), tmp_path / "cache")
+    assert (folder / "complete").is_file()
+    assert os.listdir(tmp_path / "cache") == [folder.name]
+
+
+def test_incomplete_folder_in_the_way_is_named(tmp_path: Path) -> None:
+    """A world's folder that exists without its marker (a half copy by hand) is not used
+    nor replaced: the error names it and says what to do; the scratch copy is removed."""
+    world = make_world(5)
+    base = tmp_path / "cache"
+    base.mkdir(mode=0o700)
+    final = base / world.content_hash().replace(":", "-")
+    final.mkdir()
+    (final / "stray").write_text("x")
+    with pytest.raises(EngineError) as caught:
+        materialise(world, base)
+    assert str(caught.value) == f"heist folder {str(final)!r} exists but is incomplete; delete it"
+    assert sorted(os.listdir(base)) == [final.name]
+
+
+def test_toolboxes_of_two_worlds_in_one_folder(tmp_path: Path) -> None:
+    """Two worlds materialised under the same root get their own folders and answers."""
+    a, b = Toolbox(make_world(5), root=tmp_path), Toolbox(make_world(6), root=tmp_path)
+    assert a.folder != b.folder
+    assert a.world.content_hash() != b.world.content_hash()
+    assert (a.folder / "complete").read_text() != (b.folder / "complete").read_text()
+
+
+def test_unclosed_call_before_a_call(tmp_path: Path) -> None:
+    """An opening that never closes is skipped and the call after it is still found."""
+    assert parse_tool_calls("[TOOL:a:x [TOOL:b:1]") == [("b", "1")]
+
+
+def test_connections_one_per_thread_and_process(tmp_path: Path) -> None:
+    """A toolbox reuses its connection within a thread, another thread opens its own, and a
+    forked child never uses the connection it inherited (SQLite connections must not cross a
+    fork): it opens a new one."""
+    t = _tools(tmp_path)
+    mine = t._connection()
+    assert t._connection() is mine
+    other: list[object] = []
+    th = threading.Thread(target=lambda: other.append(t._connection()))
+    th.start()
+    th.join()
+    assert other and other[0] is not mine
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it got a connection of its own
+        try:
+            ok = t._connection() is not mine and t._connection() is t._connection()
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert t._connection() is mine
+
+
+def test_missing_security_database_is_a_result(tmp_path: Path) -> None:
+    """A world's folder whose database was deleted gives a failed query result saying the
+    database is unavailable, not an exception."""
+    t = _own_tools(tmp_path)
+    t.db_path.unlink()
+    r = t.run("database_query", "SELECT 1")
+    assert (r.tool, r.param, r.ok, r.output) == ("database_query", "SELECT 1", False, "")
+    assert r.error == "security database unavailable: unable to open database file"
+
+
+# --- what the seed-2 sample showed unchecked ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "param", "error"),
+    [
+        ("calculator", "1\x00", "not an arithmetic expression: '1\\x00'"),
+        ("calculator", "\ud800", "not an arithmetic expression: '\\ud800'"),  # not UTF-8
+        ("calculator", "abs(1)", "function calls are not allowed"),
+        ("calculator", "2**60", "result too large (limit 1e+15)"),
+        ("file_reader", "nope.txt", "no such file 'nope.txt'; available: building_layout.txt, "
+         "camera_schedule.txt, routes.txt, vault_specs.txt"),
+        ("database_query", "SELECT * FROM nope", "SQL error: no such table: nope"),
+        ("database_query", "SELECT 1" + " " * 2000, None),
+        ("database_query", "SELECT '" + "x" * 2000 + "'", "query longer than 2000 characters"),
+        ("database_query", "SELECT 1\x00", "query contains a NUL byte"),
+        ("database_query", "DELETE FROM guards", "only a single SELECT (or WITH ... SELECT) "
+         "query is allowed, got 'DELETE'; the security database is read-only"),
+        ("database_query", "SELECT ?", "query rejected: Incorrect number of bindings supplied. "
+         "The current statement uses 1, and there are 0 supplied."),
+        ("database_query", "SELECT random()", "not allowed (to use function: random): the "
+         "security database is read-only and accepts only queries"),
+    ],
+)  # fmt: skip
+def test_failed_results_in_full(tmp_path: Path, tool: str, param: str, error: str | None) -> None:
+    """Each refusal is a failed result of the tool asked, with the parameter as given and the
+    whole reason (a query padded with blanks past the limit is still a query)."""
+    r = _tools(tmp_path).run(tool, param)
+    if error is None:
+        assert r == ToolResult(tool, param, True, "1\n1")
+    else:
+        assert r == ToolResult(tool, param, False, "", error)
+
+
+def test_statement_length_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """The statement limit is 2 x MAX_SQL_CHARS bytes of UTF-8 (what SQLite counts): 1300
+    three-byte characters pass, 1400 do not."""
+    t = _tools(tmp_path)
+    ok = "SELECT '" + "€" * 1300 + "'"
+    assert t.run("database_query", ok).ok
+    big = "SELECT '" + "€" * 1400 + "'"
+    assert t.run("database_query", big).error == "SQL error: query string is too large"
+
+
+def test_sql_reasons_by_message() -> None:
+    """SQLite's out-of-memory and read-only messages map to their reasons; a refusal without
+    a detail says only that it is not allowed."""
+    assert _sql_reason("out of memory") == "query needed too much memory and was stopped"
+    assert _sql_reason("database is read-only") == "not allowed: the security database is read-only"
+    assert _sql_reason("not authorized") == (
+        "not allowed: the security database is read-only and accepts only queries"
+    )
+
+
+def test_successful_read_and_undecodable_bytes(tmp_path: Path) -> None:
+    """A read names its tool and parameter; bytes that are not UTF-8 read as U+FFFD."""
+    t = _own_tools(tmp_path)
+    (t.files_dir / "raw.txt").write_bytes(b"ok \xff\xfe end")
+    assert t.run("file_reader", "raw.txt") == ToolResult(
+        "file_reader", "raw.txt", True, "ok \ufffd\ufffd end"
+    )
+
+
+def test_hard_link_reason_in_full(tmp_path: Path) -> None:
+    """A hard-linked file is refused saying why (it may come from outside the folder)."""
+    t = _own_tools(tmp_path)
+    os.link(t.files_dir / "routes.txt", t.files_dir / "copy.txt")
+    assert t.run("file_reader", "copy.txt").error == (
+        "'copy.txt' has 2 hard links; a linked file is not read "
+        "(it may be a file from outside the heist folder)"
+    )
+
+
+def test_missing_files_folder_is_a_result(tmp_path: Path) -> None:
+    """A world folder whose files/ was removed gives a failed read naming the error."""
+    t = _own_tools(tmp_path)
+    shutil.rmtree(t.files_dir)
+    assert t.run("file_reader", "routes.txt") == ToolResult(
+        "file_reader", "routes.txt", False, "", "cannot read: FileNotFoundError"
+    )
+
+
+def test_non_text_tool_name_is_named_as_given(tmp_path: Path) -> None:
+    """A tool name that is not text is echoed as its text form in the failed result."""
+    r = _tools(tmp_path).run(5, "x")  # type: ignore[arg-type]
+    assert (r.tool, r.param, r.ok, r.error) == (
+        "5",
+        "x",
+        False,
+        "tool name and parameter must be text",
+    )
+
+
+def test_observation_keeps_the_parameter() -> None:
+    """The agent's observation carries the parameter of the call it answers."""
+    obs = observation_for(ToolResult("calculator", "6*7", True, "42"), 2)
+    assert (obs.tool, obs.param, obs.ok, obs.output) == ("calculator", "6*7", True, "42")
+
+
+def test_quote_characters_are_only_quotes(tmp_path: Path) -> None:
+    """Only ' and " quote inside a parameter: a letter does not hide the closing bracket."""
+    assert parse_tool_calls("[TOOL:a:X]X]") == [("a", "X")]
+
+
+def test_cache_root_is_per_user_under_the_temp_dir() -> None:
+    """Worlds are cached in car-heist-UID under the system temp dir."""
+    assert cache_root() == Path(tempfile.gettempdir()) / f"car-heist-{os.getuid()}"
+
+
+def test_cache_folder_of_another_owner_is_refused(tmp_path: Path) -> None:
+    """A cache folder owned by someone else is refused even when nobody else may write to it
+    (root: a folder given to uid 65534; another user: '/', which root owns)."""
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+    else:
+        theirs = Path("/")
+    assert stat.S_IMODE(os.stat(theirs).st_mode) & 0o022 == 0
+    with pytest.raises(EngineError, match="is not a private directory of this user"):
+        materialise(make_world(5), theirs)
+
+
+def test_threads_racing_to_build_one_world_share_the_folder(tmp_path: Path) -> None:
+    """Threads building the same world at once all get the one complete folder: those whose
+    rename loses to the first take the winner's folder instead of failing (five rounds of
+    eight threads started together)."""
+    world = make_world(9)
+    for round_ in range(5):
+        base = tmp_path / f"r{round_}"
+        start = threading.Barrier(8)
+        got: list[object] = []
+        threads = [
+            threading.Thread(target=_build_after, args=(start, world, base, got)) for _ in range(8)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert len(got) == 8 and len(set(got)) == 1 and isinstance(got[0], Path), got
+        assert os.listdir(base) == [got[0].name]
+
+
+def _build_after(start: threading.Barrier, world: World, base: Path, got: list[object]) -> None:
+    start.wait()
+    try:
+        got.append(materialise(world, base))
+    except Exception as e:  # a loser that failed: recorded, then asserted on
+        got.append(e)
+
+
+# --- what a fresh sample (seed 3) showed unchecked -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "result"),
+    [
+        ("10-3", ToolResult("calculator", "10-3", True, "7")),
+        ("2 - 5", ToolResult("calculator", "2 - 5", True, "-3")),
+        ("1/10000000", ToolResult("calculator", "1/10000000", True, "1e-07")),
+        # 15.5 x log10(10) is exactly the estimate's bound: computed, then refused by size
+        ("10**15.5",
+         ToolResult("calculator", "10**15.5", False, "", "number too large (limit 1e+15)")),
+    ],
+)  # fmt: skip
+def test_calculator_results_in_full(tmp_path: Path, expr: str, result: ToolResult) -> None:
+    """Binary minus, a small float's exponent form and the power estimate's boundary, as the
+    whole result of the calculator."""
+    assert _tools(tmp_path).run("calculator", expr) == result
+
+
+def test_more_refusals_in_full(tmp_path: Path) -> None:
+    """A query not starting with a word, './/' (the folder itself) and a name of 256
+    characters are refused with their reasons; 255 characters are still a name."""
+    t = _tools(tmp_path)
+    assert t.run("database_query", "(SELECT 1)").error == (
+        "only a single SELECT (or WITH ... SELECT) query is allowed, got '(SELECT 1)'; "
+        "the security database is read-only"
+    )
+    assert t.run("file_reader", ".//").error == "'.' is the folder itself, not a file"
+    assert t.run("file_reader", "a" * 256).error == "file name longer than 255 characters"
+    assert (t.run("file_reader", "a" * 255).error or "").startswith("no such file 'aaa")
+
+
+def test_calls_back_to_back() -> None:
+    """Two calls without a parameter, one right after the other, are both found."""
+    assert parse_tool_calls("[TOOL:a][TOOL:b]") == [("a", ""), ("b", "")]
+
+
+def test_shared_cache_folder_message_names_it(tmp_path: Path) -> None:
+    """The refusal of a cache folder others may write to names the folder."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    shared.chmod(0o777)
+    with pytest.raises(EngineError) as caught:
+        materialise(make_world(5), shared)
+    assert str(caught.value) == (
+        f"heist cache folder {str(shared)!r} is not a private directory of this user "
+        "(a symlink, another owner, or writable by others)"
+    )
