@@ -75,6 +75,7 @@ MODULES: dict[str, list[str]] = {
     "engine/attribution/contrastive.py": [
         "tests/test_pinned_formulas.py",
         "tests/test_contrastive.py",
+        "tests/test_contrastive_mutants.py",
     ],
     "engine/attribution/shapley.py": [
         "tests/test_pinned_formulas.py",
