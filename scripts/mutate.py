@@ -80,6 +80,7 @@ MODULES: dict[str, list[str]] = {
     "engine/attribution/shapley.py": [
         "tests/test_pinned_formulas.py",
         "tests/test_shapley.py",
+        "tests/test_shapley_mutants.py",
     ],
     "engine/attribution/scm.py": [
         "tests/test_scm.py",
