@@ -114,6 +114,7 @@ MODULES: dict[str, list[str]] = {
     ],
     "engine/detect/calibration.py": [
         "tests/test_pinned_formulas.py",
+        "tests/test_detect_calibration.py",
     ],
     "engine/detect/rules.py": [
         "tests/test_detect_rules.py",
@@ -122,6 +123,7 @@ MODULES: dict[str, list[str]] = {
     "engine/detect/analysis.py": [
         "tests/test_detect_analysis.py",
         "tests/test_detect_secrecy.py",
+        "tests/test_detect_llm.py",
     ],
     # test_detect_accuracy.py records 60 games and runs the causal detector on each (minutes
     # a mutant); test_detect_evaluate.py checks the same bookkeeping on three games
