@@ -124,6 +124,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_detect_analysis.py",
         "tests/test_detect_secrecy.py",
         "tests/test_detect_llm.py",
+        "tests/test_detect_analysis_output.py",
     ],
     # test_detect_accuracy.py records 60 games and runs the causal detector on each (minutes
     # a mutant); test_detect_evaluate.py checks the same bookkeeping on three games
