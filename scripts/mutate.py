@@ -90,6 +90,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_scm.py",
     ],
     "engine/attribution/base.py": [
+        "tests/test_attribution_base.py",
         "tests/test_pinned_formulas.py",
         "tests/test_shapley.py",
     ],
