@@ -178,3 +178,35 @@ def test_batch_below_one_is_refused_and_one_is_enough() -> None:
     result = contrastive(model, rng=np.random.default_rng(0), batch=1, min_runs=1, all_steps=True)
     assert result.locus == 1
     assert result.effect_of(0).n == 1 and result.effect_of(0).phase == "minimum"
+
+
+def test_a_single_step_run_is_attributed() -> None:
+    """A one-step run is a valid model: re-deciding its only step rescues, so it is the locus."""
+    for mode in ("fixed", "adaptive"):
+        result = contrastive(
+            Rule(1, lambda keep: 0 in keep, ["a"]), rng=np.random.default_rng(0), mode=mode, k=20
+        )
+        assert result.locus == 0 and result.effect_of(0).effect == -1.0, mode
+
+
+@pytest.mark.parametrize("crn", [True, False])
+def test_adaptive_result_says_whether_seeds_were_shared(crn: bool) -> None:
+    """The adaptive result reports the CRN setting it ran with."""
+    result = contrastive(MODELS["refund_pivot"], rng=np.random.default_rng(1), crn=crn)
+    assert result.crn is crn and result.to_dict()["crn"] is crn
+
+
+def test_adaptive_minimum_defaults_to_16_runs() -> None:
+    """Without `min_runs`, each step before the locus gets 16 forward runs."""
+    model = Rule(4, lambda keep: 2 in keep, ["a", "b", "c", "d"])
+    result = contrastive(model, rng=np.random.default_rng(3), all_steps=True)
+    assert [result.effect_of(s).n for s in (0, 1)] == [16, 16]
+
+
+def test_effect_of_a_step_not_scanned_names_it() -> None:
+    """effect_of() of a step the scan stopped before raises KeyError carrying that step."""
+    model = Rule(4, lambda keep: 2 in keep, ["a", "b", "c", "d"])
+    result = contrastive(model, rng=np.random.default_rng(3), mode="fixed", k=10)
+    with pytest.raises(KeyError) as caught:
+        result.effect_of(0)
+    assert caught.value.args == (0,)
