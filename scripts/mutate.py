@@ -95,6 +95,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_shapley.py",
     ],
     "engine/attribution/validate.py": [
+        "tests/test_validate_report.py",
         "tests/test_validate_family.py",
     ],
     "engine/branching.py": [
