@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from engine import events as ev
+from engine import logging as engine_logging
 from engine.detect import DetectError, analyze
 from engine.detect.evaluate import Game, Truth, _reliability, evaluate, record_games, summarize
 from engine.detect.evaluate import truth as truth_of
@@ -35,6 +36,14 @@ def closed_port() -> Iterator[str]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         yield f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+@pytest.fixture(autouse=True)
+def log_to_this_stderr() -> None:
+    """The failed-game test logs the policy's error. structlog keeps the stderr it was
+    configured with, and a process that runs pytest more than once (mutation testing does)
+    has closed that one by now: configure it again with the current stderr."""
+    engine_logging.configure()
 
 
 def ended(j: Journal, run_id: str) -> str | None:
