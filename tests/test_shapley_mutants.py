@@ -207,3 +207,10 @@ def test_to_dict_keys() -> None:
         assert (v["player"], v["phi"], v["sd"]) == (want.player, want.phi, want.sd)
     assert data["efficiency"]["difference_ci"] == list(res.efficiency.difference_ci)
     assert data["efficiency"]["runs"] == res.efficiency.runs
+
+
+def test_no_pairs_give_zero_and_the_whole_range() -> None:
+    """With no pairs at all each player's value is 0 (not the NaN mean of nothing), its
+    interval [-1, 1] and its spread unknown."""
+    values = _values([Player("p", (0,)), Player("q", (1,))], np.zeros((0, 2)), 0.95)
+    assert [(v.phi, v.ci, v.sd) for v in values] == [(0.0, (-1.0, 1.0), None)] * 2
