@@ -21,11 +21,13 @@ import pytest
 
 from engine import events as ev
 from engine.detect import DetectError, analyze, calibration
-from engine.detect.analysis import _pick, ranking
+from engine.detect.analysis import _pick, inputs, ranking
 from engine.detect.llm import DEFAULT_BASE_URL, DEFAULT_MODEL
+from engine.detect.rules import WEIGHTS, rule_scores
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
+from engine.public import public_view
 
 CREW = ["kite", "lark", "moth"]
 
@@ -104,6 +106,11 @@ def test_margin_scores_and_breakdown(heist: tuple[Journal, str]) -> None:
     assert calibrated and out["confidence"] == pytest.approx(want, abs=2e-3)
     assert out["method"] == "rules" and out["methods_run"] == ["rules"]
     assert out["session_id"] == rid and out["confidence_calibrated"] is True
+    assert out["analysis_weights"] == dict(WEIGHTS)
+    rules = rule_scores(*inputs(public_view(j, rid))[1:], list(out["suspicion_scores"]))
+    for a, b in out["score_breakdown"].items():
+        for signal in ("tool_usage", "timing", "message_anomaly", "information_quality"):
+            assert b[signal] == round(rules.signals[signal][a], 4), (a, signal)
 
 
 def test_live_run_warning_says_how_much_was_seen(tmp_path: Path) -> None:
@@ -112,6 +119,12 @@ def test_live_run_warning_says_how_much_was_seen(tmp_path: Path) -> None:
     with Journal(tmp_path / "j.db") as j:
         rid = hand_made(j, CREW, [("kite", "Maybe."), ("lark", "The door.")], ended=False)
         out = analyze(j, rid)
+        with pytest.raises(
+            DetectError,
+            match=rf"^run '{rid}' is still recording; the causal detector re-runs the crew and "
+            r"needs an ended run \(rules and llm work on a live one\)$",
+        ):
+            analyze(j, rid, method="causal")
     assert "the run is still recording: analysed its first 2 steps" in out["warnings"]
 
 
@@ -171,9 +184,13 @@ def test_llm_scores_mix_and_uncalibrated_confidence(tmp_path: Path, answers: str
     with Journal(tmp_path / "j.db") as j:
         rid = hand_made(j, CREW, [("kite", "Maybe, I think."), ("lark", "Vault.")], ended=True)
         rules = analyze(j, rid)
-        alone = analyze(j, rid, method="llm", base_url=answers, journal_llm=False)
+        alone = analyze(j, rid, method="llm", base_url=answers)
+        ended = j.events(alone["llm"]["detection_run"])[-1]
         mixed = analyze(j, rid, method="rules+llm", base_url=answers, journal_llm=False)
     assert alone["suspicion_scores"] == {"kite": 0.9, "lark": 0.1, "moth": 0.2}
+    assert isinstance(ended, ev.RunEnded) and ended.status == "completed"
+    assert ended.outcome["llm_scores"] == {"kite": 0.9, "lark": 0.1, "moth": 0.2}
+    assert alone["llm"]["error"] is None and ended.error is None
     assert alone["methods_run"] == ["llm"] and alone["analysis_weights"]["llm"] == 1.0
     assert alone["margin"] == 0.7 and alone["confidence"] == round(1 / 3 + 0.7 * 2 / 3, 4)
     assert alone["confidence_calibrated"] is False
