@@ -24,6 +24,7 @@ from engine.detect import DetectError, analyze, calibration
 from engine.detect.analysis import _pick, inputs, ranking
 from engine.detect.llm import DEFAULT_BASE_URL, DEFAULT_MODEL
 from engine.detect.rules import WEIGHTS, rule_scores
+from engine.errors import EngineError
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
@@ -270,3 +271,22 @@ def test_a_read_only_journal_costs_the_record_not_the_analysis(tmp_path: Path) -
     assert out["llm"]["detection_run"] is None
     assert any(w.startswith("the LLM step could not be journaled: ") for w in out["warnings"])
     assert out["methods_run"] == ["rules"]
+
+
+def test_causal_options_reach_the_detector(heist: tuple[Journal, str]) -> None:
+    """analyze() hands k_min, k_max, level and sequential to the causal detector: its checks
+    quote them, and a non-sequential scan spends exactly k_max runs on every agent at the
+    level asked for."""
+    j, rid = heist
+    with pytest.raises(
+        EngineError, match=r"^causal detection needs 1 <= k_min <= k_max, got 5, 3$"
+    ):
+        analyze(j, rid, method="causal", k_min=5, k_max=3)
+    with pytest.raises(
+        EngineError, match=r"^causal detection level must be in \(0\.5, 1\), got 0\.4$"
+    ):
+        analyze(j, rid, method="causal", level=0.4)
+    out = analyze(j, rid, method="causal", k_min=1, k_max=2, level=0.9, sequential=False)
+    assert out["level"] == 0.9 and out["sequential"] is False
+    assert {a: c["runs"] for a, c in out["causal"].items()} == dict.fromkeys(out["causal"], 2)
+    assert out["forward_runs"] == 2 * len(out["causal"])
