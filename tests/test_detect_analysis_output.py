@@ -274,9 +274,9 @@ def test_a_read_only_journal_costs_the_record_not_the_analysis(tmp_path: Path) -
 
 
 def test_causal_options_reach_the_detector(heist: tuple[Journal, str]) -> None:
-    """analyze() hands k_min, k_max, level and sequential to the causal detector: its checks
-    quote them, and a non-sequential scan spends exactly k_max runs on every agent at the
-    level asked for."""
+    """analyze() hands k_min, k_max, level, sequential, concurrency and progress to the causal
+    detector: its checks quote them, and a non-sequential scan spends exactly k_max runs on
+    every agent at the level asked for, on two workers, reporting each run."""
     j, rid = heist
     with pytest.raises(
         EngineError, match=r"^causal detection needs 1 <= k_min <= k_max, got 5, 3$"
@@ -286,7 +286,13 @@ def test_causal_options_reach_the_detector(heist: tuple[Journal, str]) -> None:
         EngineError, match=r"^causal detection level must be in \(0\.5, 1\), got 0\.4$"
     ):
         analyze(j, rid, method="causal", level=0.4)
-    out = analyze(j, rid, method="causal", k_min=1, k_max=2, level=0.9, sequential=False)
+    calls: list[tuple[int, int]] = []
+    out = analyze(
+        j, rid, method="causal", k_min=1, k_max=2, level=0.9, sequential=False, concurrency=2,
+        progress=lambda done, total: calls.append((done, total)),
+    )  # fmt: skip
     assert out["level"] == 0.9 and out["sequential"] is False
+    assert out["executor"]["workers"] == 2
+    assert calls[-1] == (2 * len(out["causal"]), 2 * len(out["causal"]))
     assert {a: c["runs"] for a, c in out["causal"].items()} == dict.fromkeys(out["causal"], 2)
     assert out["forward_runs"] == 2 * len(out["causal"])
