@@ -25,6 +25,7 @@ from engine.detect.analysis import _pick, inputs, ranking
 from engine.detect.llm import DEFAULT_BASE_URL, DEFAULT_MODEL
 from engine.detect.rules import WEIGHTS, rule_scores
 from engine.errors import EngineError
+from engine.executors.local import LocalExecutor
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
@@ -296,3 +297,21 @@ def test_causal_options_reach_the_detector(heist: tuple[Journal, str]) -> None:
     assert calls[-1] == (2 * len(out["causal"]), 2 * len(out["causal"]))
     assert {a: c["runs"] for a, c in out["causal"].items()} == dict.fromkeys(out["causal"], 2)
     assert out["forward_runs"] == 2 * len(out["causal"])
+
+
+def test_causal_batch_and_executor_reach_the_detector(heist: tuple[Journal, str]) -> None:
+    """`batch` sets how many runs each agent gets between two looks at the race: with batch =
+    k_max the first look comes only after every agent's k_max runs (6 x 8), while the default
+    batch of 2 lets the race stop earlier on this game. A live executor handed in is the one
+    that runs the forward runs (its three workers, with concurrency 1)."""
+    j, rid = heist
+    whole = analyze(j, rid, method="causal", k_min=1, k_max=8, batch=8)
+    assert whole["forward_runs"] == 48
+    early = analyze(j, rid, method="causal", k_min=1, k_max=8)
+    assert early["forward_runs"] < 48
+    ex = LocalExecutor("threads", 3, None)
+    try:
+        out = analyze(j, rid, method="causal", k_min=1, k_max=1, executor=ex)
+    finally:
+        ex.close()
+    assert out["executor"]["workers"] == 3 and out["forward_runs"] == 6
