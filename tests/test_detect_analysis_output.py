@@ -293,6 +293,7 @@ def test_causal_options_reach_the_detector(heist: tuple[Journal, str]) -> None:
         progress=lambda done, total: calls.append((done, total)),
     )  # fmt: skip
     assert out["level"] == 0.9 and out["sequential"] is False
+    assert out["method"] == "causal" and out["methods_run"] == ["causal"]
     assert out["executor"]["workers"] == 2
     assert calls[-1] == (2 * len(out["causal"]), 2 * len(out["causal"]))
     assert {a: c["runs"] for a, c in out["causal"].items()} == dict.fromkeys(out["causal"], 2)
