@@ -16,6 +16,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -23,12 +24,13 @@ from engine import events as ev
 from engine.detect import DetectError, analyze, calibration
 from engine.detect.analysis import _pick, inputs, ranking
 from engine.detect.llm import DEFAULT_BASE_URL, DEFAULT_MODEL
-from engine.detect.rules import WEIGHTS, rule_scores
+from engine.detect.rules import WEIGHTS, Msg, ToolUse, rule_scores
 from engine.errors import EngineError
 from engine.executors.local import LocalExecutor
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
+from engine.policies.openai_policy import OpenAIPolicy
 from engine.public import public_view
 
 CREW = ["kite", "lark", "moth"]
@@ -109,7 +111,12 @@ def test_margin_scores_and_breakdown(heist: tuple[Journal, str]) -> None:
     assert out["method"] == "rules" and out["methods_run"] == ["rules"]
     assert out["session_id"] == rid and out["confidence_calibrated"] is True
     assert out["analysis_weights"] == dict(WEIGHTS)
-    rules = rule_scores(*inputs(public_view(j, rid))[1:], list(out["suspicion_scores"]))
+    view = public_view(j, rid)
+    agents = list(view.agents)
+    msgs = [Msg(m.agent, m.text) for m in view.messages]
+    tools = [ToolUse(t.agent, t.tool, t.success) for t in view.tool_usage]
+    assert tools and msgs and inputs(view) == (agents, msgs, tools)
+    rules = rule_scores(msgs, tools, agents)
     for a, b in out["score_breakdown"].items():
         for signal in ("tool_usage", "timing", "message_anomaly", "information_quality"):
             assert b[signal] == round(rules.signals[signal][a], 4), (a, signal)
@@ -144,8 +151,11 @@ class _Answers(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    models: ClassVar[list[str]] = []  # the model each request asked for
+
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Answers.models.append(request.get("model"))
         content = json.dumps({"kite": 0.9, "lark": 0.1, "moth": 0.2})
         body = json.dumps(
             {
@@ -316,3 +326,23 @@ def test_causal_batch_and_executor_reach_the_detector(heist: tuple[Journal, str]
     finally:
         ex.close()
     assert out["executor"]["workers"] == 3 and out["forward_runs"] == 6
+
+
+def test_replay_options_reach_the_detector(tmp_path: Path, answers: str) -> None:
+    """analyze(method="replay") re-executes a recorded LLM run against the server and model
+    given (each re-executed request names that model), reports progress per step, and says
+    which method ran."""
+    with Journal(tmp_path / "j.db") as j:
+        policy = OpenAIPolicy(answers, model="recorded-model", max_retries=0)
+        rid = record_heist(j, policy, seed=8, rounds=1).run_id
+        calls: list[tuple[int, int]] = []
+        _Answers.models.clear()
+        out = analyze(
+            j, rid, method="replay", base_url=answers, model="m-q",
+            progress=lambda done, total: calls.append((done, total)),
+        )  # fmt: skip
+    steps = len(out["suspicion_scores"])  # one round: one step per agent
+    assert _Answers.models == ["m-q"] * steps
+    assert calls == [(i, steps) for i in range(1, steps + 1)]
+    assert out["method"] == "replay" and out["methods_run"] == ["replay"]
+    assert isinstance(out["warnings"], list) and out["forward_runs"] == steps
