@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engine.attribution import contrastive, shapley
-from engine.attribution.scm import builtin_models, load_scm
+from engine.attribution.scm import EXACT_TOLERANCE, builtin_models, load_scm
 from engine.attribution.validate import covers, family_rule, model_rng, validate
 from engine.errors import ConfigError
 
@@ -31,6 +31,9 @@ def test_covers_forgives_only_enumeration_noise() -> None:
     assert covers((0.0, 0.5), 0.5 + 5e-10) and covers((0.0, 0.5), -5e-10)
     assert not covers((0.0, 0.5), 0.5 + 2e-9) and not covers((0.0, 0.5), -2e-9)
     assert covers((0.2, 0.3), 0.25)
+    # both ends inclusive, tolerance included
+    assert covers((0.5, 1.0), 0.5 - EXACT_TOLERANCE) and covers((0.5, 1.0), 1.0 + EXACT_TOLERANCE)
+    assert covers((0.5, 1.0), 0.5) and covers((0.5, 1.0), 1.0)
 
 
 def test_model_rng_is_keyed_by_seed_and_model_name() -> None:
@@ -58,6 +61,8 @@ def test_family_rule_text_and_counts() -> None:
     agents = family_rule([PAIR], "agents", 0.1)
     assert agents.intervals == 2 + 2 and agents.alpha == 0.1
     assert agents.level == pytest.approx(1 - 0.1 / 4, abs=1e-15)
+    none = family_rule([], "steps", 0.05)
+    assert (none.intervals, none.level) == (0, 0.95)  # no intervals: nothing to split
     for alpha in (0.0, 1.0):
         with pytest.raises(
             ConfigError, match=r"^family-wise alpha must lie strictly between 0 and 1, got"
@@ -189,3 +194,11 @@ def test_progress_counts_runs_across_models() -> None:
     assert first.contrastive_runs in done
     assert first.forward_runs in done
     assert first.forward_runs + reports[1].contrastive_runs in done
+
+
+def test_by_default_the_scan_stops_at_the_locus() -> None:
+    """Without all_steps the contrastive part checks only the locus and the steps after it
+    (here b alone: a is never estimated)."""
+    (report,) = validate([PAIR], seed=3, budget=400)
+    assert [e.step for e in report.contrastive] == [1]
+    assert report.locus_estimated == 1
