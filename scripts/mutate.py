@@ -87,6 +87,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_validate_family.py",
     ],
     "engine/attribution/expr.py": [
+        "tests/test_expr_mutants.py",
         "tests/test_scm.py",
     ],
     "engine/attribution/base.py": [
