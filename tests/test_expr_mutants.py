@@ -120,3 +120,13 @@ def test_division_by_zero_gives_inf_without_a_warning() -> None:
     expr = compile_expr("1 / a", known=["a"], where="w")
     with np.errstate(all="raise"):
         assert expr.evaluate({"a": np.array([0.0, 2.0])}, 2).tolist() == [float("inf"), 0.5]
+
+
+def test_reading_a_later_step_says_why() -> None:
+    """A name of a step not decided yet is refused with the reason, in full."""
+    with pytest.raises(
+        ConfigError,
+        match=r"^w: name 'd' at column 5 is a later step; only steps decided before this point "
+        r"may be used$",
+    ):
+        compile_expr("a + d", known=["a"], later=["d"], where="w")
