@@ -83,6 +83,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_shapley_mutants.py",
     ],
     "engine/attribution/scm.py": [
+        "tests/test_scm_mutants.py",
         "tests/test_scm.py",
         "tests/test_validate_family.py",
     ],
