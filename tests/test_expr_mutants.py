@@ -130,3 +130,27 @@ def test_reading_a_later_step_says_why() -> None:
         r"may be used$",
     ):
         compile_expr("a + d", known=["a"], later=["d"], where="w")
+
+
+def test_depth_is_counted_back_after_a_nested_operand() -> None:
+    """Leaving a nested operand returns to the depth of the level around it: 40 parentheses,
+    then `(a) + ` and 30 more are 71 levels and refused; with 10 more (51 levels) it
+    compiles."""
+    deep = "(" * 40 + "(a) + " + "(" * 30 + "a" + ")" * 30 + ")" * 40
+    with pytest.raises(ConfigError, match=rf"nests deeper than {MAX_DEPTH} levels"):
+        compile_expr(deep, known=["a"], where="w")
+    ok = "(" * 40 + "(a) + " + "(" * 10 + "a" + ")" * 10 + ")" * 40
+    assert compile_expr(ok, known=["a"], where="w").names == {"a"}
+
+
+def test_a_long_chain_deep_inside_is_refused() -> None:
+    """Links of one chain count as nesting: at depth 63 (62 `not`s) a chain of 194 `+` makes
+    63 + 194 > 4 x MAX_DEPTH and is refused; 193 still compile (both within MAX_TOKENS)."""
+    head = "not " * (MAX_DEPTH - 2) + "1"
+    ok = head + " + 1" * 193
+    assert compile_expr(ok, known=[], where="w").constant == 0.0
+    with pytest.raises(
+        ConfigError,
+        match=rf"^w: expression chains more than {4 * MAX_DEPTH} operators at one level$",
+    ):
+        compile_expr(head + " + 1" * 194, known=[], where="w")
