@@ -154,3 +154,11 @@ def test_a_long_chain_deep_inside_is_refused() -> None:
         match=rf"^w: expression chains more than {4 * MAX_DEPTH} operators at one level$",
     ):
         compile_expr(head + " + 1" * 194, known=[], where="w")
+
+
+def test_overflow_gives_inf_without_a_warning() -> None:
+    """An overflowing product gives inf (loading reports it), silently even where numpy
+    would otherwise raise."""
+    expr = compile_expr("1e308 * a", known=["a"], where="w")
+    with np.errstate(all="raise"):
+        assert expr.evaluate({"a": np.array([10.0, 0.5])}, 2).tolist() == [float("inf"), 5e307]
