@@ -162,3 +162,20 @@ def test_a_missing_yaml_path_is_a_clear_error(tmp_path: object) -> None:
     """A one-line string ending in .yaml is read as a path; a missing one says so."""
     with pytest.raises(ConfigError, match=r"^cannot read SCM file 'nowhere/x\.yml': "):
         load_scm("nowhere/x.yml")
+
+
+def test_exact_values_add_up_across_enumeration_chunks() -> None:
+    """With 11 step-players the enumeration has 3^11 = 177,147 terms, more than one chunk of
+    2^16: every v(S) still equals P(bad | keep S) computed on its own (2^(11 - |S|) terms)."""
+    steps = ["  - {name: s0, p: 0.5}"] + [
+        f"  - {{name: s{j}, p: '0.3 if s{j - 1} else 0.6'}}" for j in range(1, 11)
+    ]
+    model = load_scm(
+        "name: chunks\nsteps:\n" + "\n".join(steps) + "\nbad: 's9 and s10 or s0 and s5'\n"
+        f"factual: {[1] * 11}\n"
+    )
+    values = model.exact_values("steps")
+    assert len(values) == 2**11
+    for mask in range(0, 2**11, 7):
+        keep = [j for j in range(11) if mask >> j & 1]
+        assert values[mask] == pytest.approx(model.p_bad(keep), abs=1e-12), mask
