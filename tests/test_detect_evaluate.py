@@ -10,17 +10,29 @@ this file is fast enough to run against every mutant of engine/detect/evaluate.p
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from engine import events as ev
 from engine import logging as engine_logging
 from engine.detect import DetectError, analyze
-from engine.detect.evaluate import Game, Truth, _reliability, evaluate, record_games, summarize
+from engine.detect.evaluate import (
+    Game,
+    Truth,
+    _accuracy,
+    _reliability,
+    evaluate,
+    record_games,
+    summarize,
+)
 from engine.detect.evaluate import truth as truth_of
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
@@ -244,3 +256,131 @@ def test_reliability_bins_include_their_low_end_and_one() -> None:
     assert bins[4]["mean_confidence"] == 0.9 and bins[4]["accuracy"] == 0.5
     assert bins[3]["mean_confidence"] == round((0.79999 + 0.6) / 2, 4)
     assert bins[1]["mean_confidence"] is None and bins[1]["accuracy"] is None
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+class _Server(http.server.BaseHTTPRequestHandler):
+    """Chat completions that score kite/lark/moth for a detector and say "ok" to an agent;
+    after `budget` requests it answers HTTP 500. It keeps the model each request named."""
+
+    budget: ClassVar[int] = 10**9
+    models: ClassVar[list[str]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Server.models.append(request.get("model"))
+        _Server.budget -= 1
+        if _Server.budget < 0:
+            body, code = b'{"error": "out of budget"}', 500
+        else:
+            scores = {"planner": 0.9, "hacker": 0.1, "safecracker": 0.2, "intel": 0.1,
+                      "driver": 0.1, "lookout": 0.1}  # fmt: skip
+            content = json.dumps(scores)
+            body = json.dumps(
+                {
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "srv",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": content},
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+                }
+            ).encode()
+            code = 200
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def test_record_games_passes_crew_rounds_and_server_on(tmp_path: Path) -> None:
+    """The crew file, the rounds and the server name given reach every recorded game."""
+    with Journal(tmp_path / "j.db") as j:
+        (rid,) = record_games(
+            j, 1, seed=3, policy=SimPolicy(), config_path=DATA / "crew_unseen_4.yaml",
+            rounds=1, server="srv-x",
+        )  # fmt: skip
+        events = [s.event for s in j.read(rid)]
+    started = events[0]
+    assert isinstance(started, ev.RunStarted) and started.rounds == 1
+    assert len(started.agents) == 4
+    calls = [e for e in events if isinstance(e, ev.LlmCall)]
+    assert len(calls) == 4 and {c.server for c in calls} == {"srv-x"}
+
+
+def test_the_failing_game_is_named_by_its_own_seed(tmp_path: Path, server: str) -> None:
+    """When game 2 of 2 fails (the server stops answering after game 1's six requests), the
+    error names seed S + 1."""
+    _Server.budget = 6
+    try:
+        with Journal(tmp_path / "j.db") as j:
+            policy = OpenAIPolicy(server, max_retries=0, timeout=5.0)
+            with pytest.raises(DetectError, match=r"^recording game seed 61 ended failed: "):
+                record_games(j, 2, seed=60, policy=policy, rounds=1)
+    finally:
+        _Server.budget = 10**9
+
+
+def test_evaluate_hands_method_server_model_and_options_on(
+    games: tuple[Journal, list[str]], server: str
+) -> None:
+    """evaluate() runs each method asked for against the server and model given, with the
+    options given: the LLM method is used (not degraded) on every game, each request names
+    the model, no detection run is journaled (journal_llm False), and progress counts
+    games x methods."""
+    j, runs = games
+    before = len(j.runs())
+    _Server.models.clear()
+    calls: list[tuple[int, int]] = []
+    t0 = time.perf_counter()
+    out = evaluate(
+        j, runs, ["rules", "llm"], base_url=server, model="m-e",
+        options={"journal_llm": False}, progress=lambda d, t: calls.append((d, t)),
+    )  # fmt: skip
+    wall = time.perf_counter() - t0
+    assert len(j.runs()) == before
+    assert _Server.models == ["m-e"] * GAMES
+    assert calls == [(i, 2 * GAMES) for i in range(1, 2 * GAMES + 1)]
+    llm = out["methods"]["llm"]
+    assert llm["degraded"] == 0 and llm["n"] == GAMES
+    assert out["methods"]["rules"]["degraded"] == 0
+    assert 0 < llm["seconds_per_game"] < wall
+
+
+def test_progress_counts_skipped_games(tmp_path: Path) -> None:
+    """Two games without a mole, then one with: progress still ends at games x methods."""
+    from engine.heist.session import record_heist
+
+    with Journal(tmp_path / "j.db") as j:
+        runs = [record_heist(j, SimPolicy(), seed=s, rounds=1, no_mole=True).run_id for s in (1, 2)]
+        runs.append(record_heist(j, SimPolicy(), seed=3, rounds=1).run_id)
+        calls: list[tuple[int, int]] = []
+        out = evaluate(j, runs, ["rules"], progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(3, 3)] and out["skipped_without_mole"] == runs[:2]
+
+
+def test_accuracy_and_brier_are_rounded_to_four_places() -> None:
+    """1 hit of 3 is an accuracy of 0.3333; a Brier score of 1/9 is 0.1111."""
+    assert _accuracy(1, 3)["accuracy"] == 0.3333
+    games = [game(0, "a", "a", 2 / 3), game(1, "b", "b", 2 / 3)]
+    assert summarize(games, "m")["brier"] == 0.1111
