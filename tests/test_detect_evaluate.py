@@ -380,7 +380,15 @@ def test_progress_counts_skipped_games(tmp_path: Path) -> None:
 
 
 def test_accuracy_and_brier_are_rounded_to_four_places() -> None:
-    """1 hit of 3 is an accuracy of 0.3333; a Brier score of 1/9 is 0.1111."""
+    """1 hit of 3 is an accuracy of 0.3333 (overall and in a reliability bin); a Brier score
+    of 1/9 is 0.1111; seconds a game keep 4 places, forward runs a game 2."""
     assert _accuracy(1, 3)["accuracy"] == 0.3333
     games = [game(0, "a", "a", 2 / 3), game(1, "b", "b", 2 / 3)]
     assert summarize(games, "m")["brier"] == 0.1111
+    thirds = [game(i, "a", "a", 0.5, forward_runs=int(i == 0)) for i in range(3)]
+    for g in thirds:
+        g.seconds["m"] = 1 / 3
+    out = summarize(thirds, "m")
+    assert (out["forward_runs_per_game"], out["seconds_per_game"]) == (0.33, 0.3333)
+    (row,) = [b for b in _reliability([0.5, 0.5, 0.5], [True, False, False]) if b["games"]]
+    assert (row["mean_confidence"], row["accuracy"]) == (0.5, 0.3333)
