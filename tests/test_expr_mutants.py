@@ -35,6 +35,11 @@ VALUES = [
     ("max(a, b, c)", 0, 0, 1, 1),
     ("min(max(a, b), 0.5)", 1, 0, 0, 0.5),
     ("a * 0.5 + b * 0.25", 1, 1, 0, 0.75),
+    ("min(0.2 if a else 0.8, b)", 0, 1, 0, 0.8),  # a conditional as a call's first argument
+    ("min(0.2 if a else 0.8, b)", 1, 1, 0, 0.2),
+    ("(a < b) + 1", 0, 1, 0, 2),  # a comparison closed by a parenthesis
+    ("max(a < b, 0.5)", 0, 1, 0, 1),  # ... and by a comma
+    ("(a == b) * 0.5", 1, 0, 0, 0),
 ]
 
 
