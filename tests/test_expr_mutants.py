@@ -167,3 +167,11 @@ def test_overflow_gives_inf_without_a_warning() -> None:
     expr = compile_expr("1e308 * a", known=["a"], where="w")
     with np.errstate(all="raise"):
         assert expr.evaluate({"a": np.array([10.0, 0.5])}, 2).tolist() == [float("inf"), 5e307]
+
+
+def test_zero_over_zero_gives_nan_without_a_warning() -> None:
+    """0 / 0 gives nan (loading reports it), silently even where numpy would raise."""
+    expr = compile_expr("a / a", known=["a"], where="w")
+    with np.errstate(all="raise"):
+        got = expr.evaluate({"a": np.array([0.0, 2.0])}, 2)
+    assert np.isnan(got[0]) and got[1] == 1.0
