@@ -58,6 +58,8 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_refs.py",
         "tests/test_journal_positional.py",
         "tests/test_journal_compaction.py",
+        "tests/test_journal_open.py",
+        "tests/test_journal_rows.py",
     ],
     "engine/verify.py": [
         "tests/test_known_answers.py",

@@ -301,7 +301,9 @@ def test_parent_reference_in_a_root_is_found(tmp_path: Path, heist: tuple[Path, 
     tree[3] = Ext(ev.STR_EXT, msgspec.msgpack.encode([[0, 0, None]]))
     _tamper(path, run, seq, msgspec.msgpack.encode(tree))
     with Journal(path, readonly=True) as j:
-        with pytest.raises(TamperedJournal, match=f"event {seq} .*parent") as got:
+        # the reason itself (the temporary path holds the test's name, "parent" included)
+        why = f"reference to a parent's event from seq {seq} of a root"
+        with pytest.raises(TamperedJournal, match=f"event {seq} .*: {why}") as got:
             j.events(run)
         assert "\n" not in str(got.value)
         report = verify_journal(j)
