@@ -8,50 +8,17 @@ under test.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 
 import msgspec
 import numpy as np
 import pytest
-from attribution_helpers import MODELS, Recording
+from attribution_helpers import MODELS, Recording, Rule
 from scipy import stats
 
-from engine.attribution import ForwardRequest, shapley
+from engine.attribution import shapley
 from engine.attribution.base import Player
 from engine.attribution.shapley import _values, estimate_value
 from engine.errors import ConfigError
-
-
-class Rule:
-    """A forward model whose outcome is a fixed boolean function of the kept steps; it keeps
-    every request it was asked to run."""
-
-    def __init__(
-        self,
-        n: int,
-        bad: Callable[[frozenset[int]], bool],
-        agents: Sequence[str | None] | None = None,
-    ) -> None:
-        self.n = n
-        self.bad = bad
-        self.agents = list(agents) if agents is not None else [None] * n
-        self.requests: list[ForwardRequest] = []
-
-    @property
-    def n_steps(self) -> int:
-        return self.n
-
-    @property
-    def step_agents(self) -> Sequence[str | None]:
-        return self.agents
-
-    @property
-    def step_labels(self) -> Sequence[str]:
-        return [f"s{i}" for i in range(self.n)]
-
-    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
-        self.requests.extend(requests)
-        return [self.bad(r.keep) for r in requests]
 
 
 def wilson_by_hand(x: float, n: int, z: float) -> tuple[float, float]:
