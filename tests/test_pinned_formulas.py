@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
+from attribution_helpers import Rule
 from scipy import stats
 from scipy.stats import binomtest
 
@@ -218,33 +219,18 @@ def test_calibration_fit_recovers_a_known_logistic() -> None:
 # ------------------------------------------------------------------ deterministic forward models
 
 
-class BoolModel:
+class BoolModel(Rule):
     """A forward model whose outcome is a fixed boolean function of the kept steps (no noise):
     the exact v(S) of every coalition is known, so are the exact Shapley values."""
 
     def __init__(
         self, n: int, bad: Callable[[frozenset[int]], bool], agents: Sequence[str] | None = None
     ) -> None:
-        self.n = n
-        self.bad = bad
-        self.agents = list(agents) if agents else [f"a{i}" for i in range(n)]
-        self.requests: list[ForwardRequest] = []
-
-    @property
-    def n_steps(self) -> int:
-        return self.n
-
-    @property
-    def step_agents(self) -> Sequence[str | None]:
-        return self.agents
+        super().__init__(n, bad, list(agents) if agents else [f"a{i}" for i in range(n)])
 
     @property
     def step_labels(self) -> Sequence[str]:
         return [f"step {i}" for i in range(self.n)]
-
-    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
-        self.requests.extend(requests)
-        return [self.bad(r.keep) for r in requests]
 
 
 class CoinModel(BoolModel):
