@@ -102,12 +102,15 @@ def old_tree(commit: str, work: Path) -> Path:
     return dest
 
 
-def record(work: Path, rounds: int) -> tuple[Path, str]:
-    journal = work / f"heist-r{rounds}.db"
+def record(work: Path, rounds: int, tree: Path = ROOT, tag: str = "") -> tuple[Path, str]:
+    """Record the seed-7 heist with the code of `tree` (the old code records its own: it
+    cannot open a journal of a newer schema revision)."""
+    journal = work / f"heist-r{rounds}{tag}.db"
     res = subprocess.run(
         [sys.executable, "-m", "cli", "--journal", str(journal), "heist", "--seed", "7",
          "--rounds", str(rounds), "--json"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=tree, capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(tree)},
     )  # fmt: skip
     return journal, json.loads(res.stdout)["run_id"]
 
@@ -160,13 +163,14 @@ def measure(
                 }  # fmt: skip
             if old_src is not None:
                 say(quiet, f"{6 * r} steps: default attribute with the code of {old}")
-                jo = fresh("old")
-                wall, data = car(old_src, jo, "attribute", run)
+                jo, old_run = record(work, r, old_src, "-old")
+                old_base = db_bytes(jo)
+                wall, data = car(old_src, jo, "attribute", old_run)
                 size["old_default"] = {
-                    "wall_s": wall, "bytes": db_bytes(jo) - base, "locus": data["locus"],
+                    "wall_s": wall, "bytes": db_bytes(jo) - old_base, "locus": data["locus"],
                     "forward_runs": data["forward_runs"],
                 }  # fmt: skip
-            for p in work.glob(f"r{r}-*.db*"):
+            for p in [*work.glob(f"r{r}-*.db*"), *work.glob(f"heist-r{r}-old.db*")]:
                 p.unlink()
             out["sizes"].append(size)
     return out

@@ -602,6 +602,25 @@ class Compactor:
         self._keys: dict[int, tuple[list[Any], dict[Any, int]]] = {}
         self.seeded = False
 
+    def clone(self) -> Compactor:
+        """A copy that goes on learning on its own: what seeding learnt at a fork point,
+        shared by the writers of every branch forked there. The requests themselves are
+        shared (never changed in place)."""
+        c = Compactor(self.positional)
+        c.strings = dict(self.strings)
+        c.heads = dict(self.heads)
+        c.tails = dict(self.tails)
+        c.more_heads = {k: list(v) for k, v in self.more_heads.items()}
+        c.more_tails = {k: list(v) for k, v in self.more_tails.items()}
+        c.far = dict(self.far)
+        c.requests = dict(self.requests)
+        c.last_request = self.last_request
+        c.texts = dict(self.texts)
+        c._digests = dict(self._digests)
+        c._keys = dict(self._keys)
+        c.seeded = self.seeded
+        return c
+
     def note_request(
         self, agent: str, seq: int, request: list[Any], depth: int, keys: list[Any] | None = None
     ) -> None:

@@ -61,6 +61,10 @@ KIND_NAMES = ev.KIND_NAMES
 # A branch's writer learns the strings of this many of its parent's events past the fork point
 # (v5): a branch forked early and re-running its parent refers to them instead of repeating.
 FAR_EVENTS = 512
+
+#: Fork points whose seeded compactor a journal keeps (attribution forks at a few steps,
+#: many branches each).
+SEEDED_FORKS = 8
 # An event's primary key is run_key * SPAN + seq: a run's events are one range of the rowid
 # B-tree (SQLite), found and appended to without a second index.
 SPAN = 2**32
@@ -268,6 +272,8 @@ class Journal:
         # the event schema this journal writes: 4, or 3 for tests of v3 journals
         self.write_version = ev.SCHEMA_VERSION
         self._compactors: dict[str, ev.Compactor] = {}
+        # what a branch's writer learns at a fork point, by _fork_key, cloned for each branch
+        self._seeded: dict[tuple[Any, ...], ev.Compactor] = {}
         self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
         self._recent_src: list[Any] | None = None
         self._resolver = ev.Resolver(self._owner, self._load, self._text, self._parent)
@@ -725,12 +731,21 @@ class Journal:
             payloads = [ev.encode_checked(e) for e in events]
         if self.write_version >= 4 and expected_seq and run_id not in self._compactors:
             self._warm_compactor(run_id, expected_seq)
+        ready = self._prepare(run_id, events, expected_seq, payloads)
         self._pending_texts = {}
         try:
             with self._tx() as cur:
-                head = self._append(cur, run_id, events, expected_seq, payloads)
+                if ready is None:
+                    head = self._append(cur, run_id, events, expected_seq, payloads)
+                else:
+                    head = self._insert(cur, run_id, *ready)
                 if any(isinstance(e, ev.RunEnded) for e in events):
                     self._release_lease(cur, run_id)
+        except BaseException:
+            if ready is not None:
+                # its memory names the events of this step, which were not written
+                self._compactors.pop(run_id, None)
+            raise
         finally:
             pending, self._pending_texts = self._pending_texts, {}
         # only texts that are committed may be skipped next time
@@ -745,20 +760,66 @@ class Journal:
         expected_seq: int | None,
         payloads: Sequence[bytes] | None = None,
     ) -> int:
+        """Append one step inside the transaction (`cur`), at `expected_seq` or, without it,
+        at the head read under the write lock."""
         seq = expected_seq if expected_seq is not None else self._head(cur, run_id)
+        return self._insert(cur, run_id, *self._rows(run_id, events, seq, payloads, cur))
+
+    def _prepare(
+        self,
+        run_id: str,
+        events: Sequence[ev.Event],
+        expected_seq: int | None,
+        payloads: Sequence[bytes] | None,
+    ) -> tuple[list[EventRow], dict[bytes, bytes]] | None:
+        """A step's rows hashed and compacted before its write transaction, so that the
+        write lock (one per SQLite file, shared by parallel branches) is held for the inserts
+        alone; None when the writer does not name the seq (then the head is read under the
+        lock, in `_append`).
+
+        Nothing read here can change under the writer: rows are never rewritten, and a writer
+        that lost the race for `expected_seq` fails its insert (ConcurrencyError) as before."""
+        if expected_seq is None:
+            return None
+        return self._rows(run_id, events, expected_seq, payloads)
+
+    def _rows(
+        self,
+        run_id: str,
+        events: Sequence[ev.Event],
+        seq: int,
+        payloads: Sequence[bytes] | None,
+        cur: Any = None,
+    ) -> tuple[list[EventRow], dict[bytes, bytes]]:
+        """The step's rows at `seq`, chained to the hash before it (this writer's cached head
+        hash, else the row, read with `cur` or a read cursor of its own), in their stored
+        form; and the long texts they name."""
         cached = self._head_hash.get(run_id)
-        prev = cached[1] if cached is not None and cached[0] == seq - 1 else None
-        if prev is None:
-            if seq > 0 and not self.lineage(run_id):
-                raise UnknownRun(f"unknown run id {run_id!r}")
-            prev = self._hash_at(cur, run_id, seq - 1) if seq > 0 else ""
-        rows = chain_rows(run_id, events, seq, prev, payloads, self.write_version)
-        seq += len(rows)
-        prev = rows[-1][6]
-        if self.write_version >= 4:
-            rows = self._compact(cur, run_id, rows)
+        if cached is not None and cached[0] == seq - 1:
+            prev = cached[1]
+        elif seq <= 0:
+            prev = ""
         else:
-            rows = self._store_texts(cur, rows)
+            if not self.lineage(run_id):
+                raise UnknownRun(f"unknown run id {run_id!r}")
+            if cur is None:
+                with self._read() as c:
+                    prev = self._hash_at(c, run_id, seq - 1)
+            else:
+                prev = self._hash_at(cur, run_id, seq - 1)
+        rows = chain_rows(run_id, events, seq, prev, payloads, self.write_version)
+        if self.write_version >= 4:
+            return self._compact(run_id, rows)
+        return self._store_texts(rows)
+
+    def _insert(
+        self, cur: Any, run_id: str, rows: list[EventRow], texts: dict[bytes, bytes]
+    ) -> int:
+        """Write a step's stored rows and the new texts they refer to (in the append's
+        transaction); the new head."""
+        self._insert_texts(cur, {d: b for d, b in texts.items() if d not in self._known_texts})
+        seq = rows[-1][1] + 1
+        prev = rows[-1][6]
         key = self._key(cur, run_id)
         try:
             codes = KIND_CODES
@@ -791,10 +852,12 @@ class Journal:
         self._head_hash[run_id] = (seq - 1, prev)
         return seq
 
-    def _compact(self, cur: Any, run_id: str, rows: list[EventRow]) -> list[EventRow]:
-        """Rows in their stored v4 form (entry 37): strings seen before in the run's history
-        as back-references, requests as deltas of the agent's previous request. The hashes
-        stay those of the full payloads."""
+    def _compact(
+        self, run_id: str, rows: list[EventRow]
+    ) -> tuple[list[EventRow], dict[bytes, bytes]]:
+        """Rows in their stored v4/v5 form (entries 37, 42): strings seen before in the run's
+        history as back-references, requests as deltas of the agent's previous request; and
+        the long texts they name, for `texts`. The hashes stay those of the full payloads."""
         comp = self._compactors.get(run_id)
         if comp is None:
             if len(self._compactors) > 64:
@@ -804,14 +867,11 @@ class Journal:
                 self._seed(comp, run_id, rows[0][1])
         try:
             out = [(r[0], r[1], r[2], r[3], r[4], comp.compact(r[1], r[5]), r[6]) for r in rows]
-            if comp.texts:
-                known = self._known_texts
-                self._insert_texts(cur, {d: b for d, b in comp.texts.items() if d not in known})
-                comp.texts = {}
         except BaseException:
             self._compactors.pop(run_id, None)
             raise
-        return out
+        texts, comp.texts = comp.texts, {}
+        return out, texts
 
     def _warm_compactor(self, run_id: str, seq: int) -> None:
         """Learn a run's history before its first append at `seq` (a branch's first step
@@ -820,9 +880,35 @@ class Journal:
         an append that then fails drops what was learnt, as _compact does."""
         if len(self._compactors) > 64:
             self._compactors.clear()
-        comp = ev.Compactor(positional=self.write_version >= 5)
-        self._seed(comp, run_id, seq)
-        self._compactors[run_id] = comp
+        key = self._fork_key(run_id, seq)
+        base = self._seeded.get(key) if key is not None else None
+        if base is None:
+            base = ev.Compactor(positional=self.write_version >= 5)
+            self._seed(base, run_id, seq)
+            if key is None:
+                self._compactors[run_id] = base
+                return
+            if len(self._seeded) >= SEEDED_FORKS:
+                del self._seeded[next(iter(self._seeded))]
+            self._seeded[key] = base
+        self._compactors[run_id] = base.clone()
+
+    def _fork_key(self, run_id: str, seq: int) -> tuple[Any, ...] | None:
+        """What the seeding of a branch's first append at `seq` depends on, when it is its
+        fork point: the lineage before it and the parent's head (its own events past the fork
+        are learnt too). Every branch forked there learns the same; None otherwise."""
+        segments = self.lineage(run_id)
+        if len(segments) < 2 or segments[-1].start != seq:
+            return None
+        parent = segments[-2].run_id
+        with self._read() as cur:
+            head = self._head(cur, parent)
+        return (
+            tuple((g.run_id, g.start, g.stop) for g in segments[:-1]),
+            seq,
+            head,
+            self.write_version,
+        )
 
     def _seed(
         self,
@@ -938,9 +1024,10 @@ class Journal:
             )
         return int(row[0]), bytes(row[1])
 
-    def _store_texts(self, cur: Any, rows: list[EventRow]) -> list[EventRow]:
-        """Rows in their stored form: long texts moved to `texts` (once per distinct text),
-        payloads holding references. The hashes stay those of the full payloads."""
+    def _store_texts(self, rows: list[EventRow]) -> tuple[list[EventRow], dict[bytes, bytes]]:
+        """Rows in their stored v3 form: long texts moved to `texts` (once per distinct text),
+        payloads holding references; and those texts. The hashes stay those of the full
+        payloads."""
         out: list[EventRow] = []
         new: dict[bytes, bytes] = {}
         known = self._known_texts
@@ -952,8 +1039,7 @@ class Journal:
                 if d not in known and d not in new:
                     new[d] = body.encode()
             out.append((r[0], r[1], r[2], r[3], r[4], compact, r[6]))
-        self._insert_texts(cur, new)
-        return out
+        return out, new
 
     def _insert_texts(self, cur: Any, new: dict[bytes, bytes]) -> None:
         """Store texts not known to be in `texts` yet (inside the append's transaction)."""

@@ -1,4 +1,5 @@
-"""What several journal tests read straight from the SQLite file: a run's stored rows."""
+"""What several journal tests share: a run's stored rows read straight from the SQLite file,
+and a clock that does not move."""
 
 from __future__ import annotations
 
@@ -19,3 +20,14 @@ def stored_rows(path: Path, run: str) -> list[tuple[int, int, bytes]]:
         ).fetchall()
     finally:
         db.close()
+
+
+class StillClock:
+    """Time that does not move: latencies are 0.0 and timestamps one value, so that a
+    recorded heist's stored bytes are the same on every machine and in every run."""
+
+    def now_iso(self) -> str:
+        return "2026-12-01T00:00:00.000000+00:00"
+
+    def monotonic(self) -> float:
+        return 0.0

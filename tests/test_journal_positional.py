@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from journal_helpers import KEY_OF, stored_rows
+from journal_helpers import KEY_OF, StillClock, stored_rows
 
 from engine import events as ev
 from engine.errors import TamperedJournal
@@ -310,17 +310,6 @@ def test_parent_reference_in_a_root_is_found(tmp_path: Path, heist: tuple[Path, 
     assert any(p.seq == seq and p.run_id == run for p in report.problems)
 
 
-class _StillClock:
-    """Time that does not move: latencies are 0.0 and timestamps one value, so that a
-    recorded heist's stored bytes are the same on every machine."""
-
-    def now_iso(self) -> str:
-        return "2026-12-01T00:00:00.000000+00:00"
-
-    def monotonic(self) -> float:
-        return 0.0
-
-
 @pytest.mark.parametrize("version", [5, 4])
 def test_stored_heist_known_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
@@ -335,13 +324,13 @@ def test_stored_heist_known_answer(
     from engine.interventions import DoResample, parent_info, run_branch
 
     # branches take the step loop's default clock
-    monkeypatch.setattr("engine.runtime.episode.SystemClock", _StillClock)
+    monkeypatch.setattr("engine.runtime.episode.SystemClock", StillClock)
     path = tmp_path / "j.db"
     ids = itertools.count()
     with Journal(path, ids=lambda: f"pin{next(ids):09d}") as j:
         j.write_version = version
         run = record_heist(
-            j, make_policy({"name": "sim"}), seed=11, rounds=2, clock=_StillClock()
+            j, make_policy({"name": "sim"}), seed=11, rounds=2, clock=StillClock()
         ).run_id
         info = parent_info(j, run)
         keep = {s: a for s, a in info.actions.items() if s > 1}

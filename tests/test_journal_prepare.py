@@ -1,0 +1,147 @@
+"""A step is hashed and compacted before its write transaction, and a branch's writer starts
+from what seeding learnt at its fork point, shared by every branch forked there. Neither may
+change a stored byte: the rows of branches written by one journal (a warm fork point) are the
+rows written by a fresh journal per branch (a cold one), and a step whose transaction never
+started is written again as if it had never been prepared."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from journal_helpers import StillClock, stored_rows
+
+from engine import events as ev
+from engine.errors import JournalError
+from engine.heist.session import record_heist
+from engine.interventions import DoResample, parent_info, run_branch
+from engine.journal import Journal
+from engine.policies.registry import make_policy
+from engine.verify import verify_journal
+
+NEW = "a new line past it " * 4
+
+
+def _intact(path: Path) -> bool:
+    with Journal(path, readonly=True) as j:
+        return verify_journal(j).ok
+
+
+def _say(step: int, text: str) -> list[ev.Event]:
+    return [ev.ChatMessage(step=step, agent="a", text=text)]
+
+
+def _ids(tag: str) -> Callable[[], str]:
+    count = itertools.count()
+    return lambda: f"{tag}{next(count):09d}"
+
+
+def _heist(path: Path) -> str:
+    with Journal(path, ids=_ids("run")) as j:
+        return record_heist(
+            j, make_policy({"name": "sim"}), seed=7, rounds=2, clock=StillClock()
+        ).run_id
+
+
+def _branches(path: Path, run: str, fork_at: list[int], fresh: bool) -> list[str]:
+    """Branches of `run` resampled at each step of `fork_at` (seed 100 + i), by one journal
+    object for all of them or by a new one for each."""
+    ids = []
+    new_id = _ids("branch")
+    j = Journal(path, ids=new_id)
+    try:
+        for i, k in enumerate(fork_at):
+            if fresh and i:
+                j.close()
+                j = Journal(path, ids=new_id)
+            parent = parent_info(j, run)
+            ids.append(run_branch(j, parent, DoResample(k=k), 100 + i).run_id)
+    finally:
+        j.close()
+    return ids
+
+
+def test_branches_at_a_warm_fork_point_store_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five branches, three of them at one fork point and two at another (the second and
+    third at a step are seeded from the cache), store byte for byte the rows that five
+    branches written each by a fresh journal store; and every row reads back."""
+    # branches take the step loop's default clock
+    monkeypatch.setattr("engine.runtime.episode.SystemClock", StillClock)
+    fork_at = [3, 3, 7, 3, 7]
+    rows = []
+    for name, fresh in (("warm", False), ("cold", True)):
+        path = tmp_path / f"{name}.db"
+        run = _heist(path)
+        ids = _branches(path, run, fork_at, fresh)
+        rows.append([stored_rows(path, b) for b in ids])
+        with Journal(path, readonly=True) as j:
+            for b in ids:
+                assert len(j.events(b)) == j.head(b)
+        assert _intact(path)
+    warm, cold = rows
+    assert [len(r) for r in warm] == [len(r) for r in cold]
+    assert all(len(r) > 5 for r in warm)
+    assert warm == cold
+
+
+def test_the_fork_cache_is_keyed_by_the_parents_head(tmp_path: Path) -> None:
+    """A branch forked at a step of a parent that has grown since the last branch there is
+    seeded again (its strings past the fork point are more): the same bytes as a fresh
+    journal writes."""
+    path = tmp_path / "grow.db"
+    with Journal(path) as j:
+        run = j.create_run("grow")
+        head = 0
+        for step in range(3):
+            head = j.append(run, _say(step, f"line {step} " * 9), head)
+        first = j.create_run("b1", parent_run_id=run, fork_seq=2)
+        j.append(first, _say(2, "line 2 " * 9), 2)
+        # the parent grows by a string the next branch repeats
+        head = j.append(run, _say(3, NEW), head)
+        second = j.create_run("b2", parent_run_id=run, fork_seq=2)
+        j.append(second, _say(2, NEW), 2)
+    with Journal(path) as j:
+        third = j.create_run("b3", parent_run_id=run, fork_seq=2)
+        j.append(third, _say(2, NEW), 2)
+    assert stored_rows(path, second) == stored_rows(path, third)
+    # and it refers to the parent's string past the fork instead of repeating it
+    assert len(stored_rows(path, second)[0][2]) < len(NEW)
+    assert _intact(path)
+
+
+def test_a_step_whose_transaction_never_began_is_written_again_whole(tmp_path: Path) -> None:
+    """A step is prepared (hashed, compacted) and then its BEGIN IMMEDIATE fails because
+    another connection holds the write lock: the writer forgets what preparing it learnt, so
+    the same step appended again once the lock is free is stored as a cold writer stores it
+    (a remembered string would have pointed at the step itself) and reads back."""
+    text = "the vault door opens at midnight, and the guard changes at two"
+    path = tmp_path / "locked.db"
+    with Journal(path) as j:
+        run = j.create_run("locked")
+        head = j.append(run, [ev.ChatMessage(step=0, agent="a", text="first words of the run")], 0)
+        j._conn.execute("PRAGMA busy_timeout=50")
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        step = [
+            ev.ChatMessage(step=1, agent="a", text=text),
+            ev.ChatMessage(step=1, agent="b", text=f"b: {text}"),
+        ]
+        with pytest.raises((JournalError, sqlite3.OperationalError)):
+            j.append(run, step, head)
+        other.execute("ROLLBACK")
+        other.close()
+        assert j.head(run) == head
+        j.append(run, step, head)
+        assert [e.text for e in j.events(run)[1:]] == [text, f"b: {text}"]
+    cold = tmp_path / "cold.db"
+    with Journal(cold) as j:
+        run2 = j.create_run("locked")
+        head = j.append(run2, [ev.ChatMessage(step=0, agent="a", text="first words of the run")], 0)
+        j.append(run2, step, head)
+    assert [r[2] for r in stored_rows(path, run)] == [r[2] for r in stored_rows(cold, run2)]
+    assert _intact(path)
