@@ -18,6 +18,7 @@ a bad event fails its own step and never takes a pending group of good steps dow
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -91,24 +92,60 @@ class Recorder:
         self._last_commit = self._timer()
 
 
+class _Heartbeats:
+    """One daemon thread per process refreshes the lease of every recorder still writing, every
+    HEARTBEAT_EVERY seconds (a thread per recorder cost a branch of a few milliseconds more than
+    its own work). A forked process starts its own thread with its first recorder: threads do
+    not survive a fork. A recorder leaves when its run has ended or it is gone; a dead process
+    stops beating, which is the point."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+        self._pid = 0
+        # a fork while the parent's thread held the lock would leave the child's locked
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()
+
+    def add(self, recorder: Recorder) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                # a new process (first use, or a fork's child): the parent's thread is not here
+                self._pid = os.getpid()
+                self._recorders = weakref.WeakSet()
+                threading.Thread(
+                    target=self._beat, args=(self._recorders,), name="leases", daemon=True
+                ).start()
+            self._recorders.add(recorder)
+
+    def _beat(self, recorders: weakref.WeakSet[Recorder]) -> None:
+        while True:
+            time.sleep(HEARTBEAT_EVERY)
+            with self._lock:
+                now = list(recorders)
+            gone = [r for r in now if r._ended.is_set() or not _beat_one(r)]
+            with self._lock:
+                for r in gone:
+                    recorders.discard(r)
+
+
+def _beat_one(recorder: Recorder) -> bool:
+    """Refresh one lease; False when its journal is closed (nobody to beat for)."""
+    try:
+        recorder.journal.heartbeat(recorder.run_id)
+    except Exception:
+        return False
+    return True
+
+
+_heartbeats = _Heartbeats()
+
+
 def _start_heartbeat(recorder: Recorder) -> None:
-    """Refresh the lease every HEARTBEAT_EVERY seconds until the run ends or the recorder is
-    gone. A daemon thread: it never keeps a process alive, and it dies with it (which is the
-    point: a dead process stops its heartbeat)."""
-    ref = weakref.ref(recorder)
-    ended = recorder._ended
-    journal, run_id = recorder.journal, recorder.run_id
-
-    def beat() -> None:
-        while not ended.wait(HEARTBEAT_EVERY):
-            if ref() is None:
-                return
-            try:
-                journal.heartbeat(run_id)
-            except Exception:
-                return  # journal closed: nobody to beat for
-
-    threading.Thread(target=beat, name=f"lease-{run_id}", daemon=True).start()
+    """Refresh the recorder's lease until its run ends or the recorder is gone."""
+    _heartbeats.add(recorder)
 
 
 class MemoryRecorder(Recorder):
