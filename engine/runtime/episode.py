@@ -11,11 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from engine import events as ev
 from engine.errors import PolicyError
-from engine.logging import get_logger
+from engine.logging import bind, get_logger, unbind
 from engine.policies.base import AgentView, ChatLine, Completion, Policy, PolicyCancelled
 from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
@@ -70,7 +68,7 @@ def run_episode(
     ov = overrides or Overrides()
     clk = clock or SystemClock()
     full = list(transcript)
-    structlog.contextvars.bind_contextvars(run_id=recorder.run_id)
+    bind(run_id=recorder.run_id)
     try:
         # the opening (RunStarted, an Intervention) is committed before the first model call,
         # so a run that fails or is killed at its first step still shows what it was
@@ -85,7 +83,7 @@ def run_episode(
         _close_after(recorder, e)
         raise
     finally:
-        structlog.contextvars.unbind_contextvars("run_id", "step")
+        unbind("run_id", "step")
 
 
 def _loop(
@@ -103,7 +101,7 @@ def _loop(
     state = recorder.state
     while state.step < scenario.total_steps:
         k = state.step
-        structlog.contextvars.bind_contextvars(step=k)
+        bind(step=k)
         if control is not None and _handle_control(recorder, control) == "stop":
             return _stopped(recorder, k)
         active = policy
