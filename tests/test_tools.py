@@ -7,8 +7,8 @@ import multiprocessing
 import os
 import re
 import threading
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from engine.errors import EngineError
 from engine.heist.tools import (
+    MAX_CALL_OPENINGS,
     MAX_CALLS_PER_MESSAGE,
     MAX_FILE_CHARS,
     MAX_PARAM_CHARS,
@@ -94,10 +95,20 @@ def test_parse_tool_calls_is_bounded() -> None:
     ["[TOOL:a:" * 200_000, "[TOOL:a:[" * 100_000, "[TOOL:a:'" * 100_000, "x" * 10**6],
 )
 def test_parse_tool_calls_is_cheap_on_hostile_text(text: str) -> None:
-    """Megabytes of unclosed openings are examined only up to the documented bounds."""
-    start = time.perf_counter()
-    assert parse_tool_calls(text) == []
-    assert time.perf_counter() - start < 1.0
+    """Megabytes of unclosed openings are examined only up to the documented bounds: at most
+    MAX_CALL_OPENINGS openings, each scanned at most twice (with and without quotes) for at
+    most MAX_PARAM_CHARS + 1 characters. Counted, not timed: every character the parser
+    looks at goes through the text's __getitem__."""
+
+    class Counted(str):
+        looked = 0
+
+        def __getitem__(self, key: Any) -> str:
+            Counted.looked += 1
+            return str.__getitem__(self, key)
+
+    assert parse_tool_calls(Counted(text)) == []
+    assert Counted.looked <= MAX_CALL_OPENINGS * (2 * (MAX_PARAM_CHARS + 1) + 2)
 
 
 def test_overlong_parameter_is_not_a_call() -> None:
