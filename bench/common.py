@@ -54,6 +54,38 @@ def median_time(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
+def _cpu_work() -> None:
+    """Pure-Python work of the kind a branch does (dicts, strings), ~0.3-0.6 s."""
+    d: dict[int, str] = {}
+    for i in range(2_000_000):
+        d[i & 1023] = str(i)
+
+
+def _timed_work(_: int) -> float:
+    t0 = time.perf_counter()
+    _cpu_work()
+    return time.perf_counter() - t0
+
+
+def two_process_throughput(reps: int = 3) -> float:
+    """How much more pure-Python work this machine does with two processes at once than with
+    one: 2 x (one process alone) / (two at once), median of `reps` alternating rounds. 2.0 on
+    two free cores; less when the two "cores" share a physical one or a busy host. The floor a
+    -c 2 speed-up is to be read against."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    ratios = []
+    with ctx.Pool(2) as pool:
+        for _ in range(reps):
+            one = pool.apply(_timed_work, (0,))
+            t0 = time.perf_counter()
+            pool.map(_timed_work, [0, 1], chunksize=1)
+            two = time.perf_counter() - t0
+            ratios.append(2 * one / two)
+    return statistics.median(ratios)
+
+
 def settle() -> None:
     """Flush dirty pages of earlier runs so their write-back does not land in a timed run."""
     if hasattr(os, "sync"):
