@@ -95,6 +95,16 @@ def test_length_limit() -> None:
         compile_expr(" + ".join(["1"] * MAX_TOKENS), known=[], where="w")
 
 
+def test_length_limit_at_its_boundary() -> None:
+    """Exactly MAX_TOKENS tokens compile (trailing blanks are no tokens); one more is refused,
+    even when it is the last token of the text."""
+    ones = " + ".join(["1"] * ((MAX_TOKENS + 1) // 2))  # 511 tokens
+    exact = "-" + ones  # a unary minus makes 512
+    assert compile_expr(exact + "   ", known=[], where="w").constant == -1 + (MAX_TOKENS - 1) // 2
+    with pytest.raises(ConfigError, match=rf"^w: expression is longer than {MAX_TOKENS} tokens$"):
+        compile_expr("-" + exact, known=[], where="w")
+
+
 def test_nesting_limit() -> None:
     """MAX_DEPTH - 1 nested parentheses compile; MAX_DEPTH + 1 are refused, naming the limit."""
     depth = MAX_DEPTH - 1

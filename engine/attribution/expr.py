@@ -84,14 +84,14 @@ def tokenize(source: str) -> list[_Token]:
     tokens: list[_Token] = []
     pos = 0
     while pos < len(source):
-        if len(tokens) > MAX_TOKENS:
-            raise ExprError(f"expression is longer than {MAX_TOKENS} tokens")
         m = _TOKEN.match(source, pos)
         if m is None:
             raise ExprError(f"unexpected character {source[pos]!r} at column {pos + 1}")
         kind = m.lastgroup
         assert kind is not None
         if kind != "ws":
+            if len(tokens) == MAX_TOKENS:
+                raise ExprError(f"expression is longer than {MAX_TOKENS} tokens")
             tokens.append(_Token(kind, m.group(), pos + 1))
         pos = m.end()
     tokens.append(_Token("end", "", len(source) + 1))
