@@ -600,7 +600,6 @@ class Compactor:
         self._digests: dict[str, bytes] = {}
         # id of a request -> its message keys and where each key first occurs
         self._keys: dict[int, tuple[list[Any], dict[Any, int]]] = {}
-        self.seeded = False
 
     def clone(self) -> Compactor:
         """A copy that goes on learning on its own: what seeding learnt at a fork point,
@@ -618,7 +617,6 @@ class Compactor:
         c.texts = dict(self.texts)
         c._digests = dict(self._digests)
         c._keys = dict(self._keys)
-        c.seeded = self.seeded
         return c
 
     def note_request(

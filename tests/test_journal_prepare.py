@@ -39,24 +39,27 @@ def _ids(tag: str) -> Callable[[], str]:
     return lambda: f"{tag}{next(count):09d}"
 
 
-def _heist(path: Path) -> str:
+def _heist(path: Path, version: int) -> str:
     with Journal(path, ids=_ids("run")) as j:
+        j.write_version = version
         return record_heist(
             j, make_policy({"name": "sim"}), seed=7, rounds=2, clock=StillClock()
         ).run_id
 
 
-def _branches(path: Path, run: str, fork_at: list[int], fresh: bool) -> list[str]:
+def _branches(path: Path, run: str, fork_at: list[int], fresh: bool, version: int) -> list[str]:
     """Branches of `run` resampled at each step of `fork_at` (seed 100 + i), by one journal
     object for all of them or by a new one for each."""
     ids = []
     new_id = _ids("branch")
     j = Journal(path, ids=new_id)
+    j.write_version = version
     try:
         for i, k in enumerate(fork_at):
             if fresh and i:
                 j.close()
                 j = Journal(path, ids=new_id)
+                j.write_version = version
             parent = parent_info(j, run)
             ids.append(run_branch(j, parent, DoResample(k=k), 100 + i).run_id)
     finally:
@@ -64,8 +67,9 @@ def _branches(path: Path, run: str, fork_at: list[int], fresh: bool) -> list[str
     return ids
 
 
+@pytest.mark.parametrize("version", [5, 4])
 def test_branches_at_a_warm_fork_point_store_the_same_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
     """Five branches, three of them at one fork point and two at another (the second and
     third at a step are seeded from the cache), store byte for byte the rows that five
@@ -76,8 +80,8 @@ def test_branches_at_a_warm_fork_point_store_the_same_bytes(
     rows = []
     for name, fresh in (("warm", False), ("cold", True)):
         path = tmp_path / f"{name}.db"
-        run = _heist(path)
-        ids = _branches(path, run, fork_at, fresh)
+        run = _heist(path, version)
+        ids = _branches(path, run, fork_at, fresh, version)
         rows.append([stored_rows(path, b) for b in ids])
         with Journal(path, readonly=True) as j:
             for b in ids:
@@ -86,6 +90,7 @@ def test_branches_at_a_warm_fork_point_store_the_same_bytes(
     warm, cold = rows
     assert [len(r) for r in warm] == [len(r) for r in cold]
     assert all(len(r) > 5 for r in warm)
+    assert {v for rs in warm for _s, v, _p in rs} == {version}
     assert warm == cold
 
 
@@ -145,3 +150,54 @@ def test_a_step_whose_transaction_never_began_is_written_again_whole(tmp_path: P
         j.append(run2, step, head)
     assert [r[2] for r in stored_rows(path, run)] == [r[2] for r in stored_rows(cold, run2)]
     assert _intact(path)
+
+
+FAR = "a string the parent holds past the fork point, long enough to be referred to"
+
+
+def _state(c: ev.Compactor) -> dict[str, object]:
+    """A deep copy of everything a compactor learns."""
+    import copy
+
+    fields = ("strings", "heads", "tails", "more_heads", "more_tails", "far", "requests",
+              "last_request", "_keys")  # fmt: skip
+    return {f: copy.deepcopy(getattr(c, f)) for f in fields}
+
+
+def _llm(step: int, agent: str, request: list[dict[str, str]], response: str) -> bytes:
+    return ev.encode(
+        ev.LlmCall(
+            step=step, agent=agent, request=request, seed=1, model="m", response=response,
+            finish_reason="stop",
+        )
+    )  # fmt: skip
+
+
+def test_a_clones_learning_never_reaches_the_seeded_original() -> None:
+    """A compactor seeded with history and strings past a fork point is cloned twice. The
+    first clone compacts new events (new strings, a request that replaces an agent's base)
+    and then forgets everything at the memory bound; the original is unchanged throughout,
+    and the second clone compacts the same events to the same bytes as the first did."""
+    system = {"role": "system", "content": "You are a, the planner of a small crew; be brief."}
+    history = [system, {"role": "user", "content": "the vault opens at midnight, says intel"}]
+    seeded = ev.Compactor()
+    seeded.compact(0, _llm(0, "a", history, "noted: the vault opens at midnight"))
+    seeded.learn_far(5, ev.encode(ev.ChatMessage(step=5, agent="b", text=FAR)))
+    before = _state(seeded)
+    assert FAR in seeded.far
+    later = [
+        _llm(1, "a", [*history, {"role": "user", "content": "b: the guard changes at two"}],
+             "then we go at two past midnight"),
+        ev.encode(ev.ChatMessage(step=1, agent="a", text="then we go at two past midnight, crew")),
+        ev.encode(ev.ChatMessage(step=2, agent="b", text=FAR)),
+    ]  # fmt: skip
+    first = seeded.clone()
+    out1 = [first.compact(1 + i, p) for i, p in enumerate(later)]
+    assert _state(seeded) == before
+    # the memory bound: the clone forgets its own memory, not the original's
+    first.strings.update({f"filler string number {i:06d}": (0, 0) for i in range(20_001)})
+    first.compact(9, ev.encode(ev.ChatMessage(step=3, agent="a", text="one more line to keep")))
+    assert first.far == {} and _state(seeded) == before
+    second = seeded.clone()
+    assert [second.compact(1 + i, p) for i, p in enumerate(later)] == out1
+    assert len(out1[2]) < len(FAR)  # the string past the fork is a reference, not repeated
