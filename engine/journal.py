@@ -742,9 +742,8 @@ class Journal:
                 if any(isinstance(e, ev.RunEnded) for e in events):
                     self._release_lease(cur, run_id)
         except BaseException:
-            if ready is not None:
-                # its memory names the events of this step, which were not written
-                self._compactors.pop(run_id, None)
+            # the writer's memory may name events of this step, which were not written
+            self._compactors.pop(run_id, None)
             raise
         finally:
             pending, self._pending_texts = self._pending_texts, {}
