@@ -69,9 +69,17 @@ def check() -> None:
         raise Interrupted()
 
 
+#: Held by the one thread that is ending the process (see hard_exit).
+_ending = threading.Lock()
+
+
 def hard_exit(message: str = "interrupted", code: int = 130) -> None:
     """End the process now: one line on stderr, no atexit hooks (they would join threads that
-    may be stuck in a network call)."""
+    may be stuck in a network call). Only the first caller writes its line: a second one (the
+    wind-down timer firing while the command ends itself) waits for the process to end."""
+    if not _ending.acquire(blocking=False):
+        while True:
+            time.sleep(1.0)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     with contextlib.suppress(Exception):

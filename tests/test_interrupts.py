@@ -271,3 +271,27 @@ def test_ctrl_c_while_the_server_hangs(heist: tuple[Path, str], concurrency: str
         server.close()
         for s in accepted:
             s.close()
+
+
+def test_two_threads_ending_the_process_write_one_line() -> None:
+    """The wind-down timer and the command itself may both end the process on one Ctrl-C:
+    only the first writes its line. The window between the first's line and the process's end
+    is widened to 0.3 s (os._exit delayed in the child: the race is otherwise a matter of
+    microseconds), and a second thread calls hard_exit inside it."""
+    code = (
+        "import os, threading, time\n"
+        "from engine import workers\n"
+        "real = os._exit\n"
+        "def slow(code):\n"
+        "    time.sleep(0.3)\n"
+        "    real(code)\n"
+        "os._exit = slow\n"
+        "t = threading.Thread(target=workers.hard_exit, args=('from the timer',))\n"
+        "threading.Timer(0.1, t.start).start()\n"
+        "workers.hard_exit('interrupted')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert res.returncode == 130
+    assert res.stderr.splitlines() == ["interrupted"]
