@@ -15,6 +15,7 @@ little later), needs `crack_minutes` = dials * minutes per dial + setup, and lea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import random
@@ -224,8 +225,10 @@ def parse_window(text: str) -> tuple[int, int] | None:
     return start, end
 
 
+@functools.lru_cache(maxsize=64)
 def make_world(seed: int) -> World:
-    """Draw the ground truth of a heist from `seed` (same seed, same world)."""
+    """Draw the ground truth of a heist from `seed` (same seed, same world: a frozen value,
+    so every branch of a run shares the one drawn for it)."""
     rng = random.Random(seed)
     names = list(_GUARD_NAMES)
     rng.shuffle(names)
