@@ -71,7 +71,8 @@ def scripted_server(reply: Reply) -> Iterator[Scripted]:
             self.wfile.write(data)
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # a short poll interval: shutdown() waits for it
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
     server.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     try:
         yield server

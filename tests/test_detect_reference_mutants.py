@@ -18,6 +18,7 @@ from engine.heist.sim import SimPolicy, SimReferencePolicy
 from engine.journal import Journal
 from engine.policies.base import AgentView, ChatLine, Completion, Observation
 from engine.policies.openai_policy import OpenAIPolicy
+from engine.policies.registry import register_policy, unregister_policy
 from engine.state import state_at
 
 SEED = 33  # choose_heist_mole gives this seed the hacker as its mole
@@ -57,6 +58,24 @@ def test_other_runs_get_their_own_model_and_settings() -> None:
     assert (inner.base_url, inner.model) == ("http://127.0.0.1:9/v1", "m-r")
     with pytest.raises(ConfigError, match="unknown policy"):
         reference_inner({"model": "m-r"})
+
+
+def test_a_registered_policy_gets_the_spec_without_its_drift() -> None:
+    """A policy registered by name is built from the run's spec with every setting but
+    `drift` (drift is noise added to the recorded policy, not part of the agent's role)."""
+    seen: list[dict[str, Any]] = []
+
+    def factory(spec: dict[str, Any]) -> Any:
+        seen.append(dict(spec))
+        return _Recording("probe")
+
+    register_policy("probe-ref", factory)
+    try:
+        inner = reference_inner({"name": "probe-ref", "drift": 0.3, "model": "m-p"})
+    finally:
+        unregister_policy("probe-ref")
+    assert isinstance(inner, _Recording)
+    assert seen == [{"name": "probe-ref", "model": "m-p"}]
 
 
 def test_reference_prompts_are_the_public_config_only() -> None:
