@@ -148,14 +148,17 @@ MODULES: dict[str, list[str]] = {
     # the five below run behind analyze(): its fast tests reach them through small local HTTP
     # servers (llm, replay) and short sim forward runs (causal)
     "engine/detect/reference.py": [
+        "tests/test_detect_reference_mutants.py",
         "tests/test_detect_analysis_output.py",
         "tests/test_detect_secrecy.py",
     ],
     "engine/detect/journaling.py": [
+        "tests/test_detect_journaling_mutants.py",
         "tests/test_detect_analysis_output.py",
         "tests/test_detect_llm.py",
     ],
     "engine/detect/replay.py": [
+        "tests/test_detect_replay_mutants.py",
         "tests/test_detect_analysis_output.py",
         "tests/test_detect_secrecy.py",
     ],

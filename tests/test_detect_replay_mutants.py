@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from llm_helpers import Scripted, completion, scripted_server
@@ -208,3 +208,70 @@ def test_a_run_without_llm_steps_is_refused(tmp_path: Path) -> None:
         )
         with pytest.raises(EngineError, match=rf"^run {rid!r} has no recorded steps to re-exec"):
             replay_scores(j, public_view(j, rid))
+
+
+def _copy_steps(j: Journal, rid: str, keep: int) -> str:
+    """A new run holding `rid`'s opening events and its first `keep` steps, then RunEnded."""
+    new = j.create_run("heist")
+    events = [e for e in j.events(rid) if not isinstance(e, ev.RunEnded) and (e.step or 0) < keep]
+    j.append(new, [*events, ev.RunEnded(status="completed", outcome={"bad": True})])
+    return new
+
+
+def test_a_run_of_one_step_is_replayed(tmp_path: Path) -> None:
+    """A run with a single LLM step is re-executed (one step, scored for its agent)."""
+    with Journal(tmp_path / "j.db") as j, scripted_server(_answering(dict(RECORDED))) as srv:
+        rid = _copy_steps(j, _record(j, srv, rounds=1), 1)
+        assert len(list(_steps(j, rid))) == 1
+        r = replay_scores(j, public_view(j, rid))
+    assert r.steps == {**dict.fromkeys(CREW, 0), "planner": 1}
+    assert r.matched["planner"] == 1
+
+
+def test_a_message_without_its_own_llm_call_is_not_a_step(tmp_path: Path) -> None:
+    """After a step's LLM call and message, a further message with no LLM call of its own is
+    not re-executed: each call is used once."""
+    with Journal(tmp_path / "j.db") as j, scripted_server(_answering(dict(RECORDED))) as srv:
+        rid = _copy_steps(j, _record(j, srv, rounds=1), 1)
+        j2 = j.create_run("heist")
+        events = [e for e in j.events(rid) if not isinstance(e, ev.RunEnded)]
+        extra = ev.ChatMessage(step=1, agent="hacker", text="a message with no call")
+        j.append(j2, [*events, extra, ev.RunEnded(status="completed", outcome={"bad": True})])
+        steps = list(_steps(j, j2))
+    assert [(s.step, t) for s, _, t in steps] == [(0, RECORDED["planner"])]
+
+
+class _Probe:
+    """A registered policy that answers its agent's recorded text and remembers each view
+    and seed it was asked with."""
+
+    name = "probe-replay"
+    seen: ClassVar[list[tuple[str, str, int]]] = []
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def decide(self, view: Any, messages: list[dict[str, str]], seed: int) -> Any:
+        from engine.policies.base import Completion
+
+        _Probe.seen.append((view.run_id, view.agent, seed))
+        return Completion(text=RECORDED[view.agent], model="probe")
+
+
+def test_the_reference_model_is_asked_with_the_run_id_and_seed(tmp_path: Path) -> None:
+    """A run recorded with a registered policy is replayed by that policy, each step asked
+    with the analysed run's id and the step's recorded seed."""
+    from engine.policies.registry import register_policy, unregister_policy
+
+    probe = _Probe()
+    register_policy("probe-replay", lambda spec: probe)
+    try:
+        with Journal(tmp_path / "j.db") as j:
+            rid = record_heist(j, probe, seed=2, rounds=1, mole=MOLE).run_id
+            seeds = _llm_seeds(j, rid)
+            _Probe.seen.clear()
+            r = replay_scores(j, public_view(j, rid))
+    finally:
+        unregister_policy("probe-replay")
+    assert _Probe.seen == [(rid, a, s) for a, s in seeds]
+    assert r.matched == dict.fromkeys(CREW, 1)
