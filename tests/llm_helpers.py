@@ -2,7 +2,8 @@
 
 `scripted_server(reply)` serves POST /v1/chat/completions on 127.0.0.1: `reply(request)` gets
 the decoded JSON request and returns (HTTP status, body) — a dict body is sent as JSON, bytes
-as they are. The requests received are kept in `server.requests`, in order.
+as they are. The requests received are kept in `server.requests` and their headers (names in
+lower case) in `server.headers`, in order.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def completion(
 class Scripted:
     url: str  # the base URL, ending in /v1
     requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each request, in order
 
 
 @contextlib.contextmanager
@@ -62,6 +64,7 @@ def scripted_server(reply: Reply) -> Iterator[Scripted]:
         def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             server.requests.append(request)
+            server.headers.append({k.lower(): v for k, v in self.headers.items()})
             status, body = reply(request)
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(status)

@@ -134,6 +134,7 @@ def test_ask_sends_the_blog_settings_and_reads_the_answer() -> None:
     (req,) = srv.requests
     assert req["model"] == "m-a" and req["messages"] == prompt and req["seed"] == 99
     assert req["temperature"] == 0.3 and req["max_tokens"] == 77
+    assert srv.headers[0]["authorization"] == "Bearer not-needed"  # a local server's placeholder
     assert (a.raw, a.model, a.finish_reason) == ('{"ann": 1}', "served-model", "length")
     assert (a.prompt_tokens, a.completion_tokens) == (11, 4)
     assert 0.0 < a.latency_ms <= wall and a.latency_ms == round(a.latency_ms, 3)
