@@ -163,6 +163,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_detect_secrecy.py",
     ],
     "engine/detect/causal.py": [
+        "tests/test_detect_causal_mutants.py",
         "tests/test_detect_analysis.py",
         "tests/test_detect_analysis_output.py",
         "tests/test_detect_secrecy.py",

@@ -112,6 +112,8 @@ def test_reference_branch_is_one_journaled_forward_run(crew: Crew) -> None:
     assert [(iv.step, iv.op, iv.at, iv.value, iv.branch_seed) for iv in ivs] == [
         (5, "reference", 5, {"agent": MOLE, "policy": "openai"}, 1234)
     ]
+    calls = [e for e in j.events(saved.run_id) if isinstance(e, ev.LlmCall) and e.step == 5]
+    assert [c.server for c in calls] == [crew.server.url]  # the server the run was recorded on
     (req,) = crew.server.requests  # one step re-run: the mole's, by its public prompt
     assert req["seed"] == step_seed(1234, 5)
     assert not any(s in req["messages"][0]["content"] for s in SECRETS)
@@ -238,10 +240,10 @@ def test_failed_forward_runs_are_counted_and_not_scored(crew: Crew) -> None:
 
 def test_every_forward_run_failing_is_an_error(crew: Crew) -> None:
     """When every forward run of the first round fails the detector stops with an error that
-    quotes the last failure."""
+    quotes the last failure — also when that round already reached k_max (2 runs each)."""
     crew.failing.update(CREW)
     with pytest.raises(EngineError, match=r"^every forward run failed: .*500"):
-        causal_scores(crew.journal, crew.view, k_min=1, k_max=3)
+        causal_scores(crew.journal, crew.view, k_min=1, k_max=2)
 
 
 def test_bounds_on_k_and_level(crew: Crew) -> None:
@@ -314,9 +316,10 @@ def test_result_intervals_and_extra() -> None:
     }
     assert extra["intervals"] == {"a": [0.0, 0.6576], "b": [0.3424, 1.0], "c": [0.0, 1.0]}
     assert r.scores == {"a": 0.0, "b": 1.0, "c": 0.0}
+    # 1 of 3 at the result's level 0.9 (z = 1.644854): Wilson [0.0783, 0.7465]
     thirds = CausalResult(["a"], {"a": 0}, {"a": 1}, {"a": 3}, 0, 3, False, 0.9, False)
     assert thirds.extra()["causal"]["a"]["p_bad_replaced"] == 0.3333
-    assert thirds.interval("a") != r.interval("a")
+    assert thirds.extra()["causal"]["a"]["p_bad_ci"] == [0.0783, 0.7465]
 
 
 def test_race_rule_best_and_out() -> None:
@@ -335,3 +338,28 @@ def test_race_rule_best_and_out() -> None:
     # 3 of 10 against 0 of 10: out at 80%, not at 95%
     assert _race(["x", "y"], {"x": 3, "y": 0}, {"x": 10, "y": 10}, 0.8) == ("y", {"x"})
     assert _race(["x", "y"], {"x": 3, "y": 0}, {"x": 10, "y": 10}, 0.95) == ("y", set())
+
+
+def test_one_at_a_time_runs_in_the_calling_thread(
+    crew: Crew, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With concurrency 1 the forward runs run inline, one after the other in the caller's
+    thread (a policy need not be thread-safe); with 2 they run on worker threads. (The real
+    forward run is called; the wrapper only notes the thread it runs on.)"""
+    import threading
+
+    import engine.detect.causal as causal
+
+    ran_on: list[int] = []
+    real = causal.reference_branch
+
+    def noting(*args: Any) -> Any:
+        ran_on.append(threading.get_ident())
+        return real(*args)
+
+    monkeypatch.setattr(causal, "reference_branch", noting)
+    causal_scores(crew.journal, crew.view, k_min=1, k_max=1)
+    assert ran_on == [threading.get_ident()] * 6
+    ran_on.clear()
+    causal_scores(crew.journal, crew.view, k_min=1, k_max=1, concurrency=2)
+    assert len(ran_on) == 6 and threading.get_ident() not in ran_on
