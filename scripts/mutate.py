@@ -169,6 +169,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_detect_secrecy.py",
     ],
     "engine/detect/llm.py": [
+        "tests/test_detect_llm_mutants.py",
         "tests/test_detect_llm.py",
         "tests/test_detect_analysis_output.py",
         "tests/test_detect_secrecy.py",
