@@ -444,3 +444,32 @@ def test_shared_cache_folder_message_names_it(tmp_path: Path) -> None:
         f"heist cache folder {str(shared)!r} is not a private directory of this user "
         "(a symlink, another owner, or writable by others)"
     )
+
+
+def _cache_root_as(uid: int) -> str:
+    """cache_root() in a forked child that became `uid` (a real setuid; root only)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become the user, answer, and leave without pytest
+        try:
+            os.close(read)
+            os.setuid(uid)
+            os.write(write, str(cache_root()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        got = fh.read().decode()
+    os.waitpid(pid, 0)
+    return got
+
+
+def test_cache_root_names_the_real_uid_not_zero() -> None:
+    """The cache folder's name carries the process's own uid, never a default 0: as root, a
+    forked child that became uid 65534 names car-heist-65534; as another user, that user's
+    (non-zero) uid."""
+    if os.getuid() == 0:
+        uid, got = 65534, _cache_root_as(65534)
+    else:
+        uid, got = os.getuid(), str(cache_root())
+    assert uid != 0 and got == str(Path(tempfile.gettempdir()) / f"car-heist-{uid}")
