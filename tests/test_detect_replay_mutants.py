@@ -65,14 +65,14 @@ REPLAYED: dict[str, str | None] = {
     "safecracker": RECORDED["safecracker"].replace("1 + 2", "1 +  2"),  # a call's spacing
     "intel": RECORDED["intel"].replace("[TOOL:calculator:1 + 2]", "[TOOL:calculator:3]"),
     "driver": None,  # the server fails on the driver's turns
-    "lookout": "Something else entirely.",
+    "lookout": "Something else entirely. [TOOL:calculator:1 + 2]",  # same call, other words
 }
 
 
 def test_replay_counts_same_actions_per_agent(tmp_path: Path) -> None:
     """Two rounds of six agents, replayed: the same text, or the same text up to case and
     whitespace with the same tool calls (a call's spacing aside), is a match; another tool
-    call or another text is not; a step the model fails on is not scored. The scores are 1 -
+    call, or other words around the same call, is not; a step the model fails on is not scored. The scores are 1 -
     match rate (0 for an agent with no scored step), forward_runs counts every re-executed
     step, failures included, and a warning says how many steps failed."""
     with (
