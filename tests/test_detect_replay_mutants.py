@@ -72,9 +72,9 @@ REPLAYED: dict[str, str | None] = {
 def test_replay_counts_same_actions_per_agent(tmp_path: Path) -> None:
     """Two rounds of six agents, replayed: the same text, or the same text up to case and
     whitespace with the same tool calls (a call's spacing aside), is a match; another tool
-    call, or other words around the same call, is not; a step the model fails on is not scored. The scores are 1 -
-    match rate (0 for an agent with no scored step), forward_runs counts every re-executed
-    step, failures included, and a warning says how many steps failed."""
+    call, or other words around the same call, is not; a step the model fails on is not
+    scored. The scores are 1 - match rate (0 for an agent with no scored step), forward_runs
+    counts every re-executed step, failures included, and a warning says how many failed."""
     with (
         Journal(tmp_path / "j.db") as j,
         scripted_server(_answering(dict(RECORDED))) as rec,
