@@ -23,6 +23,7 @@ import pytest
 from llm_helpers import Scripted, completion, scripted_server
 
 from engine import events as ev
+from engine import logging as engine_logging
 from engine.detect.causal import (
     CausalResult,
     _race,
@@ -50,6 +51,14 @@ WRONG = "[PLAN:route=nowhere]"
 SECRETS = [instructions(s) for s in Strategy]
 _WHO = re.compile(r"^You are (\w+),")
 HONEST = [a for a in CREW if a != MOLE]
+
+
+@pytest.fixture(autouse=True)
+def log_to_this_stderr() -> None:
+    """Failed forward runs log the policy's error. structlog keeps the stderr it was
+    configured with, and a process that runs pytest more than once (mutation testing does)
+    has closed that one by now: configure it again with the current stderr."""
+    engine_logging.configure()
 
 
 @dataclass
