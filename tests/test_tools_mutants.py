@@ -591,7 +591,10 @@ def test_query_budget_is_exactly_its_progress_calls(tmp_path: Path) -> None:
 
     t = _tools(tmp_path)
     db = t.folder / "security.db"
-    lo, hi = 1, 2_000_000  # calls(lo) <= budget < calls(hi)
+    # calls grow linearly with the count: bracket the budget around a linear estimate
+    guess = 20_000 * MAX_QUERY_STEPS // _progress_calls(db, _count_to(20_000))
+    lo, hi = guess * 9 // 10, guess * 11 // 10  # calls(lo) <= budget < calls(hi)
+    assert _progress_calls(db, _count_to(lo)) <= MAX_QUERY_STEPS
     assert _progress_calls(db, _count_to(hi)) > MAX_QUERY_STEPS
     while hi - lo > 1:
         mid = (lo + hi) // 2
