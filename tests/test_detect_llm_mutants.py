@@ -376,6 +376,13 @@ def test_parse_warns_on_unknown_agents_and_unusable_scores() -> None:
     ]
 
 
+def test_parse_an_unknown_agent_first_does_not_end_the_reading() -> None:
+    """An unknown agent before the known ones is skipped, not the end of the answer."""
+    p = L.parse_scores('{"zed": 1, "ann": 0.5, "bob": 0.25}', ["ann", "bob"])
+    assert p.scores == {"ann": 0.5, "bob": 0.25} and p.given == 2
+    assert p.warnings == ["LLM scored an unknown agent 'zed'; ignored"]
+
+
 def test_parse_nothing_usable() -> None:
     """No usable score: empty scores, given 0, not usable, the warning says it was ignored."""
     p = L.parse_scores('{"zed": 0.5}', ["ann"])
