@@ -145,6 +145,35 @@ MODULES: dict[str, list[str]] = {
         "tests/test_pinned_formulas.py",
         "tests/test_detect_evaluate.py",
     ],
+    # the five below run behind analyze(): its fast tests reach them through small local HTTP
+    # servers (llm, replay) and short sim forward runs (causal)
+    "engine/detect/reference.py": [
+        "tests/test_detect_reference_mutants.py",
+        "tests/test_detect_analysis_output.py",
+        "tests/test_detect_secrecy.py",
+    ],
+    "engine/detect/journaling.py": [
+        "tests/test_detect_journaling_mutants.py",
+        "tests/test_detect_analysis_output.py",
+        "tests/test_detect_llm.py",
+    ],
+    "engine/detect/replay.py": [
+        "tests/test_detect_replay_mutants.py",
+        "tests/test_detect_analysis_output.py",
+        "tests/test_detect_secrecy.py",
+    ],
+    "engine/detect/causal.py": [
+        "tests/test_detect_causal_mutants.py",
+        "tests/test_detect_analysis.py",
+        "tests/test_detect_analysis_output.py",
+        "tests/test_detect_secrecy.py",
+    ],
+    "engine/detect/llm.py": [
+        "tests/test_detect_llm_mutants.py",
+        "tests/test_detect_llm.py",
+        "tests/test_detect_analysis_output.py",
+        "tests/test_detect_secrecy.py",
+    ],
 }
 
 # Slow tests of the files above, left out per module (each costs a minute or more a mutant;

@@ -444,3 +444,166 @@ def test_shared_cache_folder_message_names_it(tmp_path: Path) -> None:
         f"heist cache folder {str(shared)!r} is not a private directory of this user "
         "(a symlink, another owner, or writable by others)"
     )
+
+
+def _cache_root_as(uid: int) -> str:
+    """cache_root() in a forked child that became `uid` (a real setuid; root only)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become the user, answer, and leave without pytest
+        try:
+            os.close(read)
+            os.setuid(uid)
+            os.write(write, str(cache_root()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        got = fh.read().decode()
+    os.waitpid(pid, 0)
+    return got
+
+
+def test_cache_root_names_the_real_uid_not_zero() -> None:
+    """The cache folder's name carries the process's own uid, never a default 0: as root, a
+    forked child that became uid 65534 names car-heist-65534; as another user, that user's
+    (non-zero) uid."""
+    # this process's own answer too: it is in the same temp dir (and a call here is what ties
+    # the test to cache_root for scripts/mutate, which sees no call made in a child)
+    assert cache_root().parent == Path(tempfile.gettempdir())
+    if os.getuid() == 0:
+        uid, got = 65534, _cache_root_as(65534)
+    else:
+        uid, got = os.getuid(), str(cache_root())
+    assert uid != 0 and got == str(Path(tempfile.gettempdir()) / f"car-heist-{uid}")
+
+
+def test_calculator_messages_in_full(tmp_path: Path) -> None:
+    """A blank expression is "empty expression", word for word; a fractional power of a
+    number in [0, 1) is a real number (0.25 ** 0.5 = 0.5); a text between two X's is a name,
+    not a quoted expression."""
+    t = _tools(tmp_path)
+    assert t.run("calculator", "  ") == ToolResult(
+        "calculator", "  ", False, "", "empty expression"
+    )
+    assert t.run("calculator", "0.25 ** 0.5") == ToolResult(
+        "calculator", "0.25 ** 0.5", True, "0.5"
+    )
+    assert t.run("calculator", "0 ** 0.5").output == "0"
+    assert t.run("calculator", "X2X") == ToolResult(
+        "calculator", "X2X", False, "", "names are not allowed: 'X2X'"
+    )
+
+
+def test_calculator_nesting_deeper_than_the_stack_is_a_result(tmp_path: Path) -> None:
+    """An expression nested deeper than the Python stack left is a failed result, never a
+    RecursionError: with the recursion limit raised step by step above the caller's depth
+    (from where the tool answers "1"), 150 unary minus signs first fail to parse ("not an
+    arithmetic expression"), then parse but are "expression is nested too deeply" to
+    evaluate, word for word, then evaluate."""
+    import inspect
+    import sys
+
+    t = _tools(tmp_path)
+    expr = "-" * 150 + "1"
+    errors: list[str | None] = []
+    limit = sys.getrecursionlimit()
+    depth = len(inspect.stack())
+    try:
+        for extra in range(10, 1000, 5):
+            sys.setrecursionlimit(depth + extra)
+            try:
+                t.run("calculator", "1")
+            except RecursionError:
+                continue  # too short a stack for the tool itself: not what is claimed here
+            r = t.run("calculator", expr)
+            errors.append(r.error)
+            if r.ok:
+                break
+    finally:
+        sys.setrecursionlimit(limit)
+    assert errors[-1] is None  # a deep enough stack evaluates it
+    assert (
+        ToolResult("calculator", expr, False, "", "expression is nested too deeply").error in errors
+    )
+    assert set(errors) <= {
+        None,
+        "expression is nested too deeply",
+        f"not an arithmetic expression: {expr!r}",
+    }
+
+
+def test_lower_case_select_is_a_select(tmp_path: Path) -> None:
+    """SQL keywords are case-insensitive: `select` and `With` start a query like SELECT."""
+    t = _tools(tmp_path)
+    assert t.run("database_query", "select 1 AS one").output == "one\n1"
+    assert t.run("database_query", "With w AS (SELECT 2 AS two) select * FROM w").ok
+
+
+def test_query_over_the_sqlite_heap_is_a_result(tmp_path: Path) -> None:
+    """A query whose working set passes SQLite's heap limit (20 000 distinct values of 19 000
+    bytes: 380 MB against 128 MiB) is stopped by SQLite (a Python MemoryError out of the
+    driver) and answered as the failed result naming the memory, in full."""
+    t = _tools(tmp_path)
+    sql = (
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 20000) "
+        "SELECT count(DISTINCT zeroblob(19000) || x) FROM c"
+    )
+    assert t.run("database_query", sql) == ToolResult(
+        "database_query", sql, False, "", "query needed too much memory and was stopped"
+    )
+
+
+def _count_to(n: int) -> str:
+    return (
+        f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < {n}) "
+        "SELECT count(*) AS n FROM c"
+    )
+
+
+def _progress_calls(db: Path, sql: str) -> int:
+    """How many times SQLite calls a progress handler every 1000 VM instructions while
+    running `sql` on its own read-only connection (as the tool runs it: execute, then fetch
+    up to 51 rows) — an independent count of the tool's budget."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    calls = 0
+
+    def count() -> int:
+        nonlocal calls
+        calls += 1
+        return 0
+
+    try:
+        conn.set_progress_handler(count, 1000)
+        conn.execute(sql).fetchmany(51)
+    finally:
+        conn.close()
+    return calls
+
+
+def test_query_budget_is_exactly_its_progress_calls(tmp_path: Path) -> None:
+    """The instruction budget admits a query that needs exactly MAX_QUERY_STEPS progress calls
+    and stops one that needs one more: the counting query of each size is found by counting
+    the calls on a separate connection."""
+    from engine.heist.tools import MAX_QUERY_STEPS
+
+    t = _tools(tmp_path)
+    db = t.folder / "security.db"
+    # calls grow linearly with the count: bracket the budget around a linear estimate
+    guess = 20_000 * MAX_QUERY_STEPS // _progress_calls(db, _count_to(20_000))
+    lo, hi = guess * 9 // 10, guess * 11 // 10  # calls(lo) <= budget < calls(hi)
+    assert _progress_calls(db, _count_to(lo)) <= MAX_QUERY_STEPS
+    assert _progress_calls(db, _count_to(hi)) > MAX_QUERY_STEPS
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _progress_calls(db, _count_to(mid)) <= MAX_QUERY_STEPS:
+            lo = mid
+        else:
+            hi = mid
+    assert _progress_calls(db, _count_to(lo)) == MAX_QUERY_STEPS
+    assert t.run("database_query", _count_to(lo)) == ToolResult(
+        "database_query", _count_to(lo), True, f"n\n{lo}"
+    )
+    assert t.run("database_query", _count_to(lo + 1)).error == "query ran too long and was stopped"
