@@ -197,6 +197,31 @@ def test_incomplete_folder_in_the_way_is_named(tmp_path: Path) -> None:
     assert sorted(os.listdir(base)) == [final.name]
 
 
+def _files_in(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("lost", ["security.db", "files/vault_specs.txt"])
+def test_a_complete_folder_emptied_since_is_built_again(tmp_path: Path, lost: str) -> None:
+    """A world's folder whose marker says complete but that lost its database or a file (a
+    clean-up of old files in /tmp) is moved aside and built again: the next Toolbox answers
+    its queries and reads, and nothing but the rebuilt folder is left in the cache."""
+    world = make_world(5)
+    base = tmp_path / "cache"
+    folder = materialise(world, base)
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    assert lost in names
+    (folder / lost).unlink()
+    assert materialise(world, base) == folder
+    assert (
+        sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == names
+    )
+    assert os.listdir(base) == [folder.name]
+    tb = Toolbox(world, root=base)
+    assert tb.run("database_query", "SELECT COUNT(*) FROM guards").ok
+    assert tb.run("file_reader", "vault_specs.txt").ok
+
+
 def test_toolboxes_of_two_worlds_in_one_folder(tmp_path: Path) -> None:
     """Two worlds materialised under the same root get their own folders and answers."""
     a, b = Toolbox(make_world(5), root=tmp_path), Toolbox(make_world(6), root=tmp_path)

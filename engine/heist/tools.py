@@ -303,7 +303,7 @@ def materialise(world: World, root: Path | None = None) -> Path:
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     _check_private(base)
     final = base / world.content_hash().replace(":", "-")
-    if (final / "complete").is_file():
+    if _usable(final, world):
         return final
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=base))
     try:
@@ -324,6 +324,24 @@ def materialise(world: World, root: Path | None = None) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _usable(final: Path, world: World) -> bool:
+    """Whether a world's folder is there whole: built to the end, with its database and every
+    file. A folder something emptied since (a clean-up of old files in /tmp) is moved aside and
+    removed, to be built again: left, it would fail every query of that world on the machine."""
+    if not (final / "complete").is_file():
+        return False
+    names = ["security.db", *(f"files/{n}" for n in world_files(world))]
+    if all((final / n).is_file() for n in names):
+        return True
+    aside = final.with_name(f".broken-{final.name}-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.rename(final, aside)
+    except FileNotFoundError:
+        return False  # another process moved it first
+    shutil.rmtree(aside, ignore_errors=True)
+    return False
 
 
 def _check_private(base: Path) -> None:
