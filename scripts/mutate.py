@@ -55,6 +55,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_texts.py",
         "tests/test_journal_rewrites.py",
         "tests/test_journal_mutants.py",
+        "tests/test_journal_mutants2.py",
         "tests/test_journal_refs.py",
         "tests/test_journal_positional.py",
         "tests/test_journal_compaction.py",

@@ -1,0 +1,234 @@
+"""More of the journal's promises that mutation testing showed unchecked: a fork at the very
+head, the fold resolving a reference to a row it has not decoded, a run's own chain hashes as
+stored, the driver's error class, and a new journal made on a file system without hard links."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import sqlite3
+import struct
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from engine import events as ev
+from engine import journal as jm
+from engine.errors import InterventionError
+from engine.journal import Journal
+
+
+def chat(step: int, text: str = "x") -> ev.ChatMessage:
+    return ev.ChatMessage(step=step, agent="a", text=text)
+
+
+@pytest.fixture
+def j(tmp_path: Path) -> Journal:
+    journal = Journal(tmp_path / "j.db")
+    yield journal
+    journal.close()
+
+
+def test_fork_at_the_very_head_is_allowed(j: Journal) -> None:
+    """A fork at seq == head (the whole history shared, nothing of the parent left out) is a
+    valid fork; one past the head is refused naming the head."""
+    run = j.create_run("s")
+    j.append(run, [chat(0), chat(1), chat(2)], 0)
+    child = j.fork(run, 3)
+    assert j.head(child) == 3
+    assert j.events(child) == [chat(0), chat(1), chat(2)]
+    with pytest.raises(InterventionError, match=r"at seq 4: it has only 3 events"):
+        j.fork(run, 4)
+    empty = j.create_run("s")
+    assert j.head(j.fork(empty, 0)) == 0  # an empty run forks at its head, 0
+
+
+def test_fold_resolves_a_reference_to_a_row_it_read_as_stored(tmp_path: Path) -> None:
+    """A chat message that repeats a long string of an earlier event is stored as a
+    back-reference to it; a fresh reader's fold, which decodes the earlier event as stored
+    (never resolving it), loads that row to resolve the reference, and both read as written."""
+    path = tmp_path / "j.db"
+    long = "the vault code is behind the third painting"  # >= MIN_REF characters
+    assert len(long) >= ev.MIN_REF
+    written = [chat(0, long), chat(1, "short"), chat(2, long)]
+    with Journal(path) as w:
+        run = w.create_run("s")
+        w.append(run, written, 0)
+    con = sqlite3.connect(path)
+    stored = [bytes(r[0]) for r in con.execute("SELECT payload FROM events ORDER BY id")]
+    con.close()
+    assert long.encode() in stored[0] and long.encode() not in stored[2]  # a reference
+    with Journal(path, readonly=True) as r:
+        assert list(r.read_for_fold(run)) == written
+        assert list(r.read_for_fold(run, 2)) == written[2:]
+
+
+def test_own_hashes_are_the_stored_chain(j: Journal, tmp_path: Path) -> None:
+    """own_hashes gives (seq, "b2:<hex>") of the run's own rows from `start` on, as stored; a
+    branch lists only its own events. The first hash is blake2b-256 of "" + (seq, version)
+    + kind + NUL + the event's msgpack bytes."""
+    run = j.create_run("s")
+    events = [chat(0, "a"), chat(1, "b"), chat(2, "c")]
+    j.append(run, events, 0)
+    child = j.fork(run, 2)
+    j.append(child, [chat(2, "z")], 2)
+    con = sqlite3.connect(tmp_path / "j.db")
+    rows = {
+        rid: [
+            (int(s), "b2:" + bytes(h).hex())
+            for s, h in con.execute(
+                "SELECT e.seq, e.hash FROM events e JOIN runs r ON r.run_key = e.run_key"
+                " WHERE r.run_id = ? ORDER BY e.seq",
+                (rid,),
+            )
+        ]
+        for rid in (run, child)
+    }
+    con.close()
+    assert [s for s, _ in rows[run]] == [0, 1, 2] and [s for s, _ in rows[child]] == [2]
+    assert j.own_hashes(run) == rows[run]
+    assert j.own_hashes(run, 1) == rows[run][1:]
+    assert j.own_hashes(child) == rows[child]
+    assert j.own_hashes(child, 3) == []
+    h = hashlib.blake2b(digest_size=32)
+    h.update(b"" + struct.pack(">qI", 0, ev.SCHEMA_VERSION) + b"chat_message\x00")
+    h.update(msgspec.msgpack.encode(events[0]))
+    assert rows[run][0][1] == "b2:" + h.hexdigest()
+    assert len({hh for _, hh in rows[run] + rows[child]}) == 4
+
+
+def test_driver_errors_is_the_dbapi_error_base() -> None:
+    """The errors a server open catches besides SQLAlchemy's are the driver's DB-API `Error`
+    class (sqlite3.Error for the sqlite dialect), none when the driver names no such class."""
+    from sqlalchemy import create_engine
+
+    j = Journal.__new__(Journal)
+    j._engine = create_engine("sqlite://")
+    try:
+        assert j._driver_errors() == (sqlite3.Error,)
+
+        class NoError:
+            dbapi = None
+
+        class Fake:
+            dialect = NoError()
+
+        j._engine = Fake()  # a dialect whose driver module is missing
+        assert j._driver_errors() == ()
+    finally:
+        create_engine("sqlite://").dispose()
+
+
+def test_new_journal_on_a_file_system_without_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where os.link fails (a file system without hard links: a fake, since such a mount
+    cannot be made here), the new journal is renamed into place instead: it opens as a journal
+    and no temporary file is left behind."""
+
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / "sub" / "j.db"
+    with Journal(path) as j:
+        run = j.create_run("s")
+        j.append(run, [chat(0)], 0)
+        assert j.revision == jm.HEAD_REVISION
+    monkeypatch.undo()
+    assert sorted(p.name for p in path.parent.iterdir() if "creating" in p.name) == []
+    with Journal(path, readonly=True) as r:
+        assert r.events(run) == [chat(0)]
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.mark.parametrize(
+    "name,run,col",
+    [("journal_v3.db", "7cc905d94523", "run_id"), ("journal_v6.db", None, "run_key")],
+    ids=["text-keyed", "integer-keyed"],
+)
+def test_run_col_names_the_layouts_run_column(
+    tmp_path: Path, name: str, run: str | None, col: str
+) -> None:
+    """`run_col` is the events column that names a row's run: `run_id` in a text-keyed
+    journal (revision 0003, read as it is), `run_key` from revision 0005 on; `run_key()`
+    gives the value that column holds, so a raw query by it finds exactly the run's own rows."""
+    import shutil
+
+    shutil.copy(FIXTURES / name, tmp_path / name)
+    con = sqlite3.connect(tmp_path / name)
+    columns = {r[1] for r in con.execute("PRAGMA table_info(events)")}
+    con.close()
+    assert col in columns
+    with Journal(tmp_path / name, readonly=True) as j:
+        rid = run or j.runs()[0].run_id
+        assert j.run_col == col
+        key = j.run_key(rid)
+        assert key == (rid if col == "run_id" else int(key))
+        seqs = [
+            r[0] for r in j.query(f"SELECT seq FROM events WHERE {col} = ? ORDER BY seq", [key])
+        ]
+        assert seqs == [s for s, _ in j.own_hashes(rid)] and seqs[0] == 0
+        assert seqs == list(range(j.head(rid)))
+
+
+def test_one_journal_serves_other_threads(tmp_path: Path) -> None:
+    """A journal opened in one thread appends and reads in others (one connection, guarded
+    by the journal's lock), writable and read-only alike."""
+    import threading
+
+    path = tmp_path / "j.db"
+    errors: list[BaseException] = []
+    with Journal(path) as j:
+        runs = [j.create_run("s") for _ in range(3)]
+
+        def work(run: str) -> None:
+            try:
+                j.append(run, [chat(0, run), chat(1, run)], 0)
+            except BaseException as e:  # reported below, in the test's own thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(r,)) for r in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        with Journal(path, readonly=True) as ro:
+            got: dict[str, object] = {}
+
+            def read(run: str) -> None:
+                try:
+                    got[run] = ro.events(run)
+                except BaseException as e:
+                    errors.append(e)
+
+            t = threading.Thread(target=read, args=(runs[1],))
+            t.start()
+            t.join()
+        assert errors == []
+        assert got == {runs[1]: [chat(0, runs[1]), chat(1, runs[1])]}
+
+
+def test_a_refused_server_journal_is_named_without_its_password() -> None:
+    """Opening a PostgreSQL journal where nothing listens fails with JournalError naming the
+    URL with its password masked (in-process; the CLI's one-line form is tested elsewhere)."""
+    import socket
+
+    from engine.errors import JournalError
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://car:hunter2@127.0.0.1:{port}/car"
+    with pytest.raises(JournalError) as got:
+        Journal(url)
+    text = str(got.value)
+    assert text.startswith(
+        f"cannot open journal 'postgresql+psycopg://car:***@127.0.0.1:{port}/car': "
+    ), text
+    assert "hunter2" not in text
