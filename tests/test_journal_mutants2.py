@@ -232,3 +232,218 @@ def test_a_refused_server_journal_is_named_without_its_password() -> None:
         f"cannot open journal 'postgresql+psycopg://car:***@127.0.0.1:{port}/car': "
     ), text
     assert "hunter2" not in text
+
+
+LONG = "the vault code is behind the third painting"  # >= MIN_REF characters
+
+
+def _stored(path: Path, run: str) -> list[bytes]:
+    """The payloads of run `run`'s own rows as stored, in seq order."""
+    con = sqlite3.connect(path)
+    try:
+        return [
+            bytes(r[0])
+            for r in con.execute(
+                "SELECT e.payload FROM events e JOIN runs r ON r.run_key = e.run_key"
+                " WHERE r.run_id = ? ORDER BY e.seq",
+                (run,),
+            )
+        ]
+    finally:
+        con.close()
+
+
+def test_new_journal_in_folders_that_do_not_exist_yet(tmp_path: Path) -> None:
+    """A journal path several missing folders deep is created with its folders."""
+    path = tmp_path / "a" / "b" / "c" / "j.db"
+    with Journal(path) as j:
+        j.append(j.create_run("s"), [chat(0)], 0)
+    assert path.is_file()
+
+
+def test_a_resumed_run_refers_to_its_earlier_events(tmp_path: Path) -> None:
+    """A new journal object appending to a run that has events (without naming the seq)
+    learns the run's history first: a long string of an earlier event is stored as a
+    reference, not repeated, and the run reads back and verifies as written."""
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run = j.create_run("s")
+        j.append(run, [chat(0, LONG)], 0)
+    with Journal(path) as j:
+        assert j.append(run, [chat(1, LONG)]) == 2
+    stored = _stored(path, run)
+    assert LONG.encode() in stored[0] and LONG.encode() not in stored[1]
+    with Journal(path, readonly=True) as r:
+        assert r.events(run) == [chat(0, LONG), chat(1, LONG)]
+        assert r.verify().ok
+
+
+def test_a_resumed_branch_learns_only_its_own_history(tmp_path: Path) -> None:
+    """A branch with events of its own, resumed by a new journal object, learns the strings
+    of its history: its own events and its parent's before the fork point, never the parent's
+    events past it (their seqs are the branch's own there). A string the parent wrote past
+    the fork point and the branch writes again reads back as written, and the journal
+    verifies."""
+    path = tmp_path / "j.db"
+    other = "a different long sentence the parent wrote later on"
+    with Journal(path) as j:
+        run = j.create_run("s")
+        j.append(run, [chat(0, LONG), chat(1, other), chat(2, "p")], 0)
+        child = j.fork(run, 1)
+        j.append(child, [chat(1, "c"), chat(2, "d")], 1)
+    with Journal(path) as j:
+        j.append(child, [chat(3, other), chat(4, LONG)], 3)
+    with Journal(path, readonly=True) as r:
+        want = [chat(0, LONG), chat(1, "c"), chat(2, "d"), chat(3, other), chat(4, LONG)]
+        assert r.events(child) == want
+        report = r.verify()
+        assert report.ok, report.problems
+    assert LONG.encode() not in _stored(path, child)[-1]  # referred to (seq 0, shared)
+
+
+def test_a_directory_is_refused_by_name(tmp_path: Path) -> None:
+    """A journal path that is a directory is refused, naming that path."""
+    from engine.errors import NotAJournal
+
+    with pytest.raises(NotAJournal) as got:
+        Journal(tmp_path)
+    assert str(got.value) == f"{str(tmp_path)!r} is a directory, not a journal file"
+
+
+def test_run_id_prefix_has_no_wildcards(tmp_path: Path) -> None:
+    """A run id prefix matches from the start of ids only: `_` and `%` in it are not LIKE
+    wildcards (they are dropped from the prefix)."""
+    from engine.errors import UnknownRun
+
+    ids = iter(["axb1", "ayc2"])
+    with Journal(tmp_path / "j.db", ids=lambda: next(ids)) as j:
+        j.create_run("s")
+        j.create_run("s")
+        with pytest.raises(UnknownRun, match=r"^unknown run id 'a_b' \(see `car runs`\)$"):
+            j.run("a_b")
+        assert j.run("a_x_").run_id == "axb1"  # "ax" after dropping "_"
+        assert j.run("ay%").run_id == "ayc2"
+        with pytest.raises(UnknownRun, match=r"ambiguous: \['axb1', 'ayc2'\]"):
+            j.run("a%")
+
+
+def test_appending_no_events_writes_nothing(j: Journal) -> None:
+    """An empty append writes nothing and returns the seq the caller named, or the head when
+    it named none."""
+    run = j.create_run("s")
+    j.append(run, [chat(0), chat(1)], 0)
+    assert j.append(run, [], 7) == 7
+    assert j.append(run, []) == 2
+    assert j.append(run, [], 0) == 0
+    assert j.head(run) == 2
+
+
+def test_a_branch_snapshot_past_the_fork_is_the_branchs(j: Journal) -> None:
+    """A snapshot taken in a branch after its own first event belongs to the branch: the
+    parent never finds it; one at the fork point is still shared history."""
+    run = j.create_run("s")
+    j.append(run, [chat(i) for i in range(8)], 0)
+    child = j.fork(run, 5)
+    j.append(child, [chat(i, "b") for i in range(5, 8)], 5)
+    j.put_snapshot(child, 6, 1, b"c6")
+    assert j.nearest_snapshot(child, 7, 1) == (6, b"c6")
+    assert j.nearest_snapshot(run, 7, 1) is None
+    j.put_snapshot(child, 1, 1, b"c1")  # seq 1 is the parent's too
+    assert j.nearest_snapshot(run, 3, 1) == (1, b"c1")
+
+
+def test_an_unresolvable_payload_is_one_line_naming_the_event(tmp_path: Path) -> None:
+    """A stored reference to a string its event does not hold reads as TamperedJournal:
+    one line naming the event, the run and the journal, pointing to `car verify`."""
+    from engine.errors import TamperedJournal
+
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run = j.create_run("s")
+        j.append(run, [chat(0, LONG), chat(1, LONG)], 0)
+    stored = _stored(path, run)
+    ref = msgspec.msgpack.Ext(ev.STR_EXT, msgspec.msgpack.encode([[0, 7]]))  # no string 7
+    tree = msgspec.msgpack.decode(stored[1])
+    assert isinstance(tree, list)
+    tree = [ref if isinstance(x, msgspec.msgpack.Ext) else x for x in tree]
+    assert tree != msgspec.msgpack.decode(stored[1])
+    con = sqlite3.connect(path, isolation_level=None)
+    for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        con.execute(f"DROP TRIGGER {name}")
+    con.execute(
+        "UPDATE events SET payload = ? WHERE seq = 1 AND run_key ="
+        " (SELECT run_key FROM runs WHERE run_id = ?)",
+        (msgspec.msgpack.encode(tree), run),
+    )
+    con.close()
+    with Journal(path, readonly=True) as r, pytest.raises(TamperedJournal) as got:
+        r.events(run)
+    text = str(got.value)
+    assert text.startswith(f"event 1 of run {run!r} in {str(path)!r} does not resolve: "), text
+    assert text.endswith(" (see `car verify`)") and "\n" not in text
+
+
+def _drop_triggers_and_set(path: Path, run: str, seq: int, payload: bytes) -> None:
+    """Overwrite one stored payload (the no-rewrite triggers dropped first): tampering."""
+    con = sqlite3.connect(path, isolation_level=None)
+    for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        con.execute(f"DROP TRIGGER {name}")
+    con.execute(
+        "UPDATE events SET payload = ? WHERE seq = ? AND run_key ="
+        " (SELECT run_key FROM runs WHERE run_id = ?)",
+        (payload, seq, run),
+    )
+    con.close()
+
+
+def test_the_fold_never_rebuilds_an_llm_calls_response(tmp_path: Path) -> None:
+    """The fold reads an LLM call's agent, seed and step from the stored payload as it is:
+    a response whose reference no longer resolves (tampered) stops a full read with
+    TamperedJournal, while the fold still reads the run, the call as the fold sees it."""
+    from engine.errors import TamperedJournal
+
+    path = tmp_path / "j.db"
+    call = ev.LlmCall(
+        step=1,
+        agent="a",
+        request=[{"role": "user", "content": "go"}],
+        seed=9,
+        model="m",
+        response=LONG,
+        finish_reason="stop",
+    )
+    with Journal(path) as j:
+        run = j.create_run("s")
+        j.append(run, [chat(0, LONG), call], 0)
+    stored = _stored(path, run)
+    tree = msgspec.msgpack.decode(stored[1])
+    refs = [i for i, x in enumerate(tree) if isinstance(x, msgspec.msgpack.Ext)]
+    assert len(refs) == 1  # the response, a reference to event 0's string
+    tree[refs[0]] = msgspec.msgpack.Ext(ev.STR_EXT, msgspec.msgpack.encode([[0, 7]]))
+    _drop_triggers_and_set(path, run, 1, msgspec.msgpack.encode(tree))
+    with Journal(path, readonly=True) as r:
+        with pytest.raises(TamperedJournal, match=r"event 1 of run .* does not resolve"):
+            r.events(run)
+        folded = list(r.read_for_fold(run))
+    assert folded == [chat(0, LONG), ev.FoldLlmCall(step=1, agent="a", seed=9)]
+
+
+def test_an_append_that_would_leave_a_gap_is_refused(tmp_path: Path) -> None:
+    """An append at a seq past the head (one event would be missing before it) is refused,
+    whether the journal has just written the head itself or is a new one; nothing is written
+    and the run's chain stays whole."""
+    from engine.errors import JournalError
+
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run = j.create_run("s")
+        assert j.append(run, [chat(0), chat(1)], 0) == 2
+        with pytest.raises(JournalError, match=f"run {run!r} has no event at seq 2"):
+            j.append(run, [chat(3)], 3)
+        assert j.head(run) == 2
+    with Journal(path) as j:
+        with pytest.raises(JournalError, match="has no event at seq 4"):
+            j.append(run, [chat(5)], 5)
+        assert j.append(run, [chat(2)], 2) == 3
+        assert [s.seq for s in j.read(run)] == [0, 1, 2]
+        assert j.verify().ok
