@@ -447,3 +447,14 @@ def test_an_append_that_would_leave_a_gap_is_refused(tmp_path: Path) -> None:
         assert j.append(run, [chat(2)], 2) == 3
         assert [s.seq for s in j.read(run)] == [0, 1, 2]
         assert j.verify().ok
+
+
+def test_server_sql_uses_the_drivers_placeholders() -> None:
+    """SQL written with `?` placeholders is passed to SQLite as it is and to a server driver
+    (psycopg's paramstyle) with `%s` in their place; nothing else changes."""
+    j = Journal.__new__(Journal)
+    sql = "SELECT a FROM t WHERE b = ? AND c IN (?, ?)"
+    j.is_sqlite = True
+    assert j._q(sql) == sql
+    j.is_sqlite = False
+    assert j._q(sql) == "SELECT a FROM t WHERE b = %s AND c IN (%s, %s)"
