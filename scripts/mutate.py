@@ -48,6 +48,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_refs.py",
         "tests/test_journal_positional.py",
         "tests/test_journal_compaction.py",
+        "tests/test_journal_mutants2.py",
     ],
     "engine/journal.py": [
         "tests/test_known_answers.py",

@@ -458,3 +458,11 @@ def test_server_sql_uses_the_drivers_placeholders() -> None:
     assert j._q(sql) == sql
     j.is_sqlite = False
     assert j._q(sql) == "SELECT a FROM t WHERE b = %s AND c IN (%s, %s)"
+
+
+@pytest.mark.parametrize("stored", [b"\x90", b"\x91", b"\x9f"], ids=["empty", "one", "fifteen"])
+def test_a_one_byte_positional_payload_is_not_a_fold_event(stored: bytes) -> None:
+    """A stored payload of a single array header (tampered: no kind code follows) is not
+    something the fold can read as stored (None: the journal then resolves it and reports
+    the damage), never an IndexError from looking for its kind code."""
+    assert ev.decode_stored_for_fold(stored) is None
