@@ -466,3 +466,27 @@ def test_a_one_byte_positional_payload_is_not_a_fold_event(stored: bytes) -> Non
     something the fold can read as stored (None: the journal then resolves it and reports
     the damage), never an IndexError from looking for its kind code."""
     assert ev.decode_stored_for_fold(stored) is None
+
+
+def test_positional_fields_come_back_in_the_structs_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stored positions are fixed forever, while a Struct may declare a later field anywhere:
+    when the Struct's order differs from the stored one (simulated here by changing the
+    encode order chat messages are given), a positional payload is rebuilt in the Struct's
+    order with every value at its name; with the orders equal, in stored order."""
+    stored = ev.STORED_FIELDS["chat_message"]
+    tree = [ev.KIND_CODES["chat_message"], 0b111, "a", "hello", 4]
+    assert stored[:2] == ("agent", "text") and stored[-1] == "step"
+    assert list(ev.from_positional(tree).items()) == [
+        ("kind", "chat_message"),
+        ("agent", "a"),
+        ("text", "hello"),
+        ("step", 4),
+    ]
+    monkeypatch.setattr(ev, "_LAYOUTS", {})
+    monkeypatch.setitem(ev._ENCODE_ORDER, "chat_message", ("step", "text", "agent"))
+    assert list(ev.from_positional(tree).items()) == [
+        ("kind", "chat_message"),
+        ("step", 4),
+        ("text", "hello"),
+        ("agent", "a"),
+    ]
