@@ -490,3 +490,45 @@ def test_positional_fields_come_back_in_the_structs_order(monkeypatch: pytest.Mo
         ("text", "hello"),
         ("agent", "a"),
     ]
+
+
+def _turn(role: str, n: object) -> dict[str, str]:
+    return {"role": role, "content": f"message {n} " + "words of the chat go here " * 8}
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["second-runs-longer", "tie"])
+def test_a_message_in_both_bases_is_copied_from_the_longer_run(tie: bool) -> None:
+    """v5: a message found in both of a request's bases is copied from the base whose run of
+    equal messages from there is longer, the agent's own previous request on a tie; the
+    stored request names the bases it uses, and every request resolves to its own bytes."""
+    sa, sb, x = _turn("system", "A"), _turn("system", "B"), _turn("user", "X")
+    m1, m2, m3 = _turn("user", 1), _turn("user", 2), _turn("user", 3)
+    a1 = [sa, m1, m2] if tie else [sa, m1, m2, m3]
+    b2 = [x, m1, m2] if tie else [x, m1, m2, m3]
+    turns = [("A", [sa, m1]), ("B", [sb, m1, m2]), ("A", a1), ("B", b2)]
+    comp = ev.Compactor(positional=True)
+    payloads, stored = [], []
+    for seq, (agent, req) in enumerate(turns):
+        e = ev.LlmCall(
+            step=seq,
+            agent=agent,
+            request=req,
+            seed=1,
+            model="m",
+            response="ok",
+            finish_reason="stop",
+        )
+        payloads.append(ev.encode_checked(e))
+        stored.append(comp.compact(seq, payloads[-1]))
+    req = msgspec.msgpack.decode(stored[3])[3]
+    head = msgspec.msgpack.decode(req[0].data)
+    copies = [o for o in req[1:] if isinstance(o, list) and all(type(v) is int for v in o)]
+    if tie:
+        # b1 (seq 1) and a1 (seq 2) both hold m1, m2 from position 1: b1 is B's own
+        assert (head, copies) == (1, [[1, 3]])
+    else:
+        # a1 (seq 2) also holds m3 after them: copied from the second base, seq 2
+        assert (head, copies) == ([1, 2], [[1, 4, 1]])
+    rows = {seq: (ev.SCHEMA_VERSION, s) for seq, s in enumerate(stored)}
+    reader = ev.Resolver(lambda run, seq: run, lambda run, seq: rows[seq], lambda d: b"")
+    assert [reader.resolve("r", seq, s) for seq, s in enumerate(stored)] == payloads
