@@ -164,14 +164,6 @@ class _CalcError(Exception):
     """A reason the calculator refuses an expression; never leaves this module."""
 
 
-def calculate(expression: str) -> int | float:
-    """Evaluate an arithmetic expression by walking its syntax tree; raises ValueError."""
-    try:
-        return _calculate(expression)
-    except _CalcError as e:
-        raise ValueError(str(e)) from None
-
-
 def _calculate(expression: str) -> int | float:
     expr = _unquote(expression.strip())
     if not expr:
