@@ -222,6 +222,56 @@ def test_a_complete_folder_emptied_since_is_built_again(tmp_path: Path, lost: st
     assert tb.run("file_reader", "vault_specs.txt").ok
 
 
+def test_a_whole_folder_is_used_as_it_is(tmp_path: Path) -> None:
+    """A world's folder that is whole is returned as it is, not built again: a file put into
+    it after the build is still there after the next call (inode numbers would not tell: a
+    rebuilt folder may get the freed ones back)."""
+    world = make_world(5)
+    folder = materialise(world, tmp_path / "cache")
+    (folder / "left-here").write_text("a file no build writes")
+    assert materialise(world, tmp_path / "cache") == folder
+    assert (folder / "left-here").read_text() == "a file no build writes"
+
+
+def test_a_broken_folder_another_process_moved_first_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes find the same emptied folder and race to move it aside; the one that
+    loses the race (its rename finds nothing: faked here, the race is a matter of
+    microseconds) still builds the world and returns a whole folder."""
+    import engine.heist.tools as tools
+
+    world = make_world(5)
+    base = tmp_path / "cache"
+    folder = materialise(world, base)
+    (folder / "security.db").unlink()
+    real = os.rename
+    lost = []
+
+    def rename(src: object, dst: object) -> None:
+        if not lost and str(dst).startswith(str(base / ".broken-")):
+            lost.append(src)
+            real(src, str(base / "moved-by-the-other"))  # the other process's move
+            shutil.rmtree(base / "moved-by-the-other")
+            raise FileNotFoundError(src)
+        real(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tools.os, "rename", rename)
+    assert materialise(world, base) == folder
+    assert lost and (folder / "security.db").is_file()
+    assert os.listdir(base) == [folder.name]
+
+
+def test_the_default_cache_folder_is_the_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a root, a world is built in cache_root() (under the temp dir)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = materialise(make_world(5))
+    assert folder.parent == cache_root() == tmp_path / f"car-heist-{os.getuid()}"
+    assert (folder / "security.db").is_file()
+
+
 def test_toolboxes_of_two_worlds_in_one_folder(tmp_path: Path) -> None:
     """Two worlds materialised under the same root get their own folders and answers."""
     a, b = Toolbox(make_world(5), root=tmp_path), Toolbox(make_world(6), root=tmp_path)
