@@ -201,3 +201,87 @@ def test_a_clones_learning_never_reaches_the_seeded_original() -> None:
     second = seeded.clone()
     assert [second.compact(1 + i, p) for i, p in enumerate(later)] == out1
     assert len(out1[2]) < len(FAR)  # the string past the fork is a reference, not repeated
+
+
+def _rows_of(path: Path, runs: list[str]) -> list[list[tuple[int, int, bytes]]]:
+    return [stored_rows(path, r) for r in runs]
+
+
+def _reads_back(path: Path, runs: list[str]) -> bool:
+    with Journal(path, readonly=True) as j:
+        return all(len(j.events(r)) == j.head(r) for r in runs) and verify_journal(j).ok
+
+
+def _line(i: int) -> str:
+    return f"branch {i} says a long line of its own, which the other branch never says"
+
+
+def test_grandchildren_of_two_branches_at_one_seq_learn_their_own_lineage(
+    tmp_path: Path,
+) -> None:
+    """Two branches of one run, of the same length, each branched again at the same seq by
+    one journal object: the second grandchild then writes the first branch's own line. Its
+    writer learnt from its own parent, which never said it, so the line is stored inline and
+    reads back (learning from the other branch would have made it a reference to a row that
+    holds something else in this lineage)."""
+    path = tmp_path / "grand.db"
+    with Journal(path) as j:
+        run = j.create_run("r")
+        head = 0
+        for step in range(3):
+            head = j.append(run, _say(step, f"the parent's line number {step} of three"), head)
+        kids = [j.create_run(f"k{i}", parent_run_id=run, fork_seq=2) for i in range(2)]
+        for i, kid in enumerate(kids):
+            j.append(kid, [*_say(2, _line(i)), *_say(2, f"and a second line, from branch {i}")], 2)
+        assert j.head(kids[0]) == j.head(kids[1]) == 4
+    with Journal(path) as j:
+        grand = [j.create_run(f"g{i}", parent_run_id=k, fork_seq=4) for i, k in enumerate(kids)]
+        j.append(grand[0], _say(4, "the first grandchild's words"), 4)
+        j.append(grand[1], _say(4, _line(0)), 4)
+    with Journal(path, readonly=True) as j:
+        assert [e.text for e in j.events(grand[1])][2:] == [
+            _line(1),
+            "and a second line, from branch 1",
+            _line(0),
+        ]
+        assert verify_journal(j).ok
+
+
+def test_resumed_branches_at_one_seq_learn_their_own_events(tmp_path: Path) -> None:
+    """Two branches of one parent at one fork point, each resumed past its own events by the
+    same journal object; the second then writes the first's own line. What each writer learns
+    includes its own events only, so the line is stored inline and reads back."""
+    path = tmp_path / "resume.db"
+    with Journal(path) as j:
+        run = j.create_run("r")
+        head = 0
+        for step in range(3):
+            head = j.append(run, _say(step, f"the parent's line number {step} of three"), head)
+        kids = [j.create_run(f"k{i}", parent_run_id=run, fork_seq=2) for i in range(2)]
+        for i, kid in enumerate(kids):
+            j.append(kid, _say(2, _line(i)), 2)
+    with Journal(path) as j:
+        j.append(kids[0], _say(3, "the first branch goes on"), 3)
+        j.append(kids[1], _say(3, _line(0)), 3)
+    with Journal(path, readonly=True) as j:
+        assert [e.text for e in j.events(kids[1])][2:] == [_line(1), _line(0)]
+        assert verify_journal(j).ok
+
+
+def test_more_fork_points_than_the_cache_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Branches at more fork points than SEEDED_FORKS, and back at the first: the oldest
+    seed is forgotten and made again, and every branch stores what a fresh journal stores."""
+    from engine.journal import SEEDED_FORKS
+
+    monkeypatch.setattr("engine.runtime.episode.SystemClock", StillClock)
+    fork_at = [*range(1, SEEDED_FORKS + 2), 1]
+    rows = []
+    for name, fresh in (("warm", False), ("cold", True)):
+        path = tmp_path / f"{name}.db"
+        run = _heist(path, 5)
+        ids = _branches(path, run, fork_at, fresh, 5)
+        assert _reads_back(path, ids)
+        rows.append(_rows_of(path, ids))
+    assert rows[0] == rows[1]
