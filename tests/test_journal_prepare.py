@@ -285,3 +285,34 @@ def test_more_fork_points_than_the_cache_keeps(
         assert _reads_back(path, ids)
         rows.append(_rows_of(path, ids))
     assert rows[0] == rows[1]
+
+
+QUOTE = "a line the crew said at step 3, at length, and then once more"
+
+
+def test_a_step_appended_without_its_seq_is_stored_as_with_it(tmp_path: Path) -> None:
+    """A writer that does not name the seq (the head is read under the lock) and has no
+    memory of the run yet learns the history before the head, as one that names it does: the
+    step's stored bytes are the same either way."""
+    import shutil
+
+    base = tmp_path / "base.db"
+    with Journal(base) as j:
+        run = j.create_run("r")
+        head = 0
+        for step in range(4):
+            head = j.append(
+                run, _say(step, f"a line the crew said at step {step}, at length"), head
+            )
+    # it quotes the latest step's line: a writer that learnt less (the history before step 3
+    # rather than before seq 4) writes it inline
+    step = _say(3, QUOTE)
+    stored = []
+    for name, seq in (("named", head), ("unnamed", None)):
+        path = tmp_path / f"{name}.db"
+        shutil.copyfile(base, path)
+        with Journal(path) as j:
+            assert j.append(run, step, seq) == head + 1
+        stored.append(stored_rows(path, run)[-1])
+    assert stored[0] == stored[1]
+    assert len(stored[0][2]) < len(QUOTE)
