@@ -216,6 +216,19 @@ def _line(i: int) -> str:
     return f"branch {i} says a long line of its own, which the other branch never says"
 
 
+def _two_branches(path: Path, own: Callable[[int], list[str]]) -> list[str]:
+    """A three-event run and two branches of it at seq 2, branch i saying the lines own(i)."""
+    with Journal(path) as j:
+        run = j.create_run("r")
+        head = 0
+        for step in range(3):
+            head = j.append(run, _say(step, f"the parent's line number {step} of three"), head)
+        kids = [j.create_run(f"k{i}", parent_run_id=run, fork_seq=2) for i in range(2)]
+        for i, kid in enumerate(kids):
+            j.append(kid, [e for t in own(i) for e in _say(2, t)], 2)
+    return kids
+
+
 def test_grandchildren_of_two_branches_at_one_seq_learn_their_own_lineage(
     tmp_path: Path,
 ) -> None:
@@ -225,15 +238,7 @@ def test_grandchildren_of_two_branches_at_one_seq_learn_their_own_lineage(
     reads back (learning from the other branch would have made it a reference to a row that
     holds something else in this lineage)."""
     path = tmp_path / "grand.db"
-    with Journal(path) as j:
-        run = j.create_run("r")
-        head = 0
-        for step in range(3):
-            head = j.append(run, _say(step, f"the parent's line number {step} of three"), head)
-        kids = [j.create_run(f"k{i}", parent_run_id=run, fork_seq=2) for i in range(2)]
-        for i, kid in enumerate(kids):
-            j.append(kid, [*_say(2, _line(i)), *_say(2, f"and a second line, from branch {i}")], 2)
-        assert j.head(kids[0]) == j.head(kids[1]) == 4
+    kids = _two_branches(path, lambda i: [_line(i), f"and a second line, from branch {i}"])
     with Journal(path) as j:
         grand = [j.create_run(f"g{i}", parent_run_id=k, fork_seq=4) for i, k in enumerate(kids)]
         j.append(grand[0], _say(4, "the first grandchild's words"), 4)
@@ -252,14 +257,7 @@ def test_resumed_branches_at_one_seq_learn_their_own_events(tmp_path: Path) -> N
     same journal object; the second then writes the first's own line. What each writer learns
     includes its own events only, so the line is stored inline and reads back."""
     path = tmp_path / "resume.db"
-    with Journal(path) as j:
-        run = j.create_run("r")
-        head = 0
-        for step in range(3):
-            head = j.append(run, _say(step, f"the parent's line number {step} of three"), head)
-        kids = [j.create_run(f"k{i}", parent_run_id=run, fork_seq=2) for i in range(2)]
-        for i, kid in enumerate(kids):
-            j.append(kid, _say(2, _line(i)), 2)
+    kids = _two_branches(path, lambda i: [_line(i)])
     with Journal(path) as j:
         j.append(kids[0], _say(3, "the first branch goes on"), 3)
         j.append(kids[1], _say(3, _line(0)), 3)
