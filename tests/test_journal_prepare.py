@@ -314,3 +314,21 @@ def test_a_step_appended_without_its_seq_is_stored_as_with_it(tmp_path: Path) ->
         stored.append(stored_rows(path, run)[-1])
     assert stored[0] == stored[1]
     assert len(stored[0][2]) < len(QUOTE)
+
+
+def test_a_lost_race_names_the_seq_that_was_taken(tmp_path: Path) -> None:
+    """Two writers of one run prepare the same seq; the one that inserts second gets
+    ConcurrencyError naming that seq (not the step, which differs from it), and nothing of
+    its step is written."""
+    from engine.errors import ConcurrencyError
+
+    path = tmp_path / "race.db"
+    with Journal(path) as a, Journal(path) as b:
+        run = a.create_run("r")
+        head = a.append(run, [*_say(0, "one line"), *_say(0, "and another line")], 0)
+        a.append(run, _say(1, "the first writer's step"), head)
+        taken = rf"^run {run!r}: seq {head} was already written"
+        with pytest.raises(ConcurrencyError, match=taken):
+            b.append(run, _say(1, "the second writer's step"), head)
+        assert [e.text for e in a.events(run)][-1] == "the first writer's step"
+        assert a.head(run) == head + 1
