@@ -26,6 +26,10 @@ Version history:
           `STORED_FIELDS` (field names are no longer stored); an LLM request's delta may copy
           from two bases, the agent's previous request and the latest one of the history.
           Resolved, the bytes are the canonical v2-shaped map: the upcaster is the identity.
+  5 -> 6: the stored payload is packed (docs/decisions.md, entry 43; engine/packing.py): the v5
+          stored bytes deflated against those of the run's own earlier events in the same
+          block of 64 seqs, and long texts deflated too. Unpacked, a row is a v5 row: the
+          upcaster is the identity.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any, Union, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # from this version on the event shapes are those of today's Structs (3 and 4 changed storage)
 SAME_SHAPE_SINCE = 2
 TEXT_EXT = 1

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from engine import events as ev
+from engine import packing
 
 if TYPE_CHECKING:
     from engine.verify import VerifyReport
@@ -49,6 +50,7 @@ KNOWN_REVISIONS = (
     "0004_event_refs",
     "0005_integer_rows",
     "0006_positional_events",
+    "0007_packed_rows",
 )
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 # From this revision on events are keyed by (run_key, seq) with kind as a code and the hash as
@@ -269,13 +271,22 @@ class Journal:
         self._pending_texts: dict[bytes, bytes] = {}
         self._digests: dict[str, bytes] = {}  # text -> digest, memo of externalize
         self._text_cache: dict[bytes, bytes] = {}
-        # the event schema this journal writes: 4, or 3 for tests of v3 journals
+        # the event schema this journal writes: 6, or 5, 4, 3 for tests of older journals
         self.write_version = ev.SCHEMA_VERSION
         self._compactors: dict[str, ev.Compactor] = {}
         # what a branch's writer learns at a fork point, by _fork_key, cloned for each branch
         self._seeded: dict[tuple[Any, ...], ev.Compactor] = {}
         self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
         self._recent_src: list[Any] | None = None
+        self._in_tx = False
+        # v6: the plain (v5) bytes of packed rows, by block (engine/packing.py)
+        self._unpacker = packing.Unpacker(self._fetch_own)
+        # run -> (first seq, plain bytes) of the rows of the append in progress
+        self._plains: dict[str, tuple[int, list[bytes]]] = {}
+        # (digest, plain text) of the first text this writer stored alone and committed:
+        # what its later texts are packed against
+        self._text_base: tuple[bytes, bytes] | None = None
+        self._text_base_pending: tuple[bytes, bytes] | None = None
         self._resolver = ev.Resolver(self._owner, self._load, self._text, self._parent)
         self._engine: Any = None
         self.revision: str | None = None
@@ -457,6 +468,7 @@ class Journal:
         """One write transaction on the writer connection (BEGIN IMMEDIATE on SQLite)."""
         with self._lock:
             cur = self._conn.cursor()
+            self._in_tx = True
             try:
                 if self.is_sqlite:
                     cur.execute("BEGIN IMMEDIATE")
@@ -473,6 +485,7 @@ class Journal:
                         self._conn.rollback()
                 raise
             finally:
+                self._in_tx = False
                 cur.close()
 
     @contextlib.contextmanager
@@ -483,7 +496,8 @@ class Journal:
                 yield cur
             finally:
                 cur.close()
-                if not self.is_sqlite:
+                # a read inside the writer's transaction (a window, a seeding) must not end it
+                if not self.is_sqlite and not self._in_tx:
                     self._conn.rollback()
 
     # ------------------------------------------------------------------ runs
@@ -744,11 +758,19 @@ class Journal:
         except BaseException:
             # the writer's memory may name events of this step, which were not written
             self._compactors.pop(run_id, None)
+            self._plains.pop(run_id, None)
+            self._text_base_pending = None
             raise
         finally:
             pending, self._pending_texts = self._pending_texts, {}
-        # only texts that are committed may be skipped next time
+        # only texts that are committed may be skipped next time, or be packed against
         self._known_texts.update(pending)
+        if self._text_base is None:
+            self._text_base = self._text_base_pending
+        self._text_base_pending = None
+        first, plains = self._plains.pop(run_id, (0, []))
+        for i, plain in enumerate(plains):
+            self._unpacker.remember(run_id, first + i, plain)
         return head
 
     def _append(
@@ -870,6 +892,11 @@ class Journal:
             self._compactors.pop(run_id, None)
             raise
         texts, comp.texts = comp.texts, {}
+        if self.write_version >= 6:
+            plains = [r[5] for r in out]
+            packed = self._unpacker.pack_rows(run_id, rows[0][1], plains)
+            self._plains[run_id] = (rows[0][1], plains)
+            out = [(*r[:5], p, r[6]) for r, p in zip(out, packed, strict=True)]
         return out, texts
 
     def _warm_compactor(self, run_id: str, seq: int) -> None:
@@ -925,9 +952,12 @@ class Journal:
         the fork point, which a branch that re-runs its parent mostly repeats."""
         segments = self.lineage(run_id)
         far_rows: list[tuple[Any, ...]] = []
+        parent = run_id
         with self._read() as cur:
             # rows are (owner, seq, *columns)
-            recent_rows = self._latest_before(cur, run_id, seq, "payload", "version >= 4", recent)
+            recent_rows = self._latest_before(
+                cur, run_id, seq, "version, payload", "version >= 4", recent
+            )
             call_rows = self._latest_before(
                 cur, run_id, seq, "version, payload", "kind = ?", calls, self.kind_cell("llm_call")
             )
@@ -936,20 +966,23 @@ class Journal:
                 span, args = self._span(cur, parent, fork, None)
                 cur.execute(
                     self._q(
-                        f"SELECT seq, payload FROM events WHERE {span} AND version >= 4"
+                        f"SELECT seq, version, payload FROM events WHERE {span} AND version >= 4"
                         f" ORDER BY {self._ord} LIMIT ?"
                     ),
                     (*args, far),
                 )
                 far_rows = cur.fetchall()
-        learnt = [(int(r[1]), bytes(r[2])) for r in recent_rows]
+        plain = self._unpacker.plain
+        learnt = [
+            (int(r[1]), plain(str(r[0]), int(r[1]), int(r[2]), bytes(r[3]))) for r in recent_rows
+        ]
         found = [(str(r[0]), int(r[1]), int(r[2]), bytes(r[3])) for r in call_rows]
         for s, stored in reversed(learnt):
             comp.learn(s, stored)
-        for s, stored in far_rows:
-            comp.learn_far(int(s), bytes(stored))
+        for s, version, stored in far_rows:
+            comp.learn_far(int(s), plain(parent, int(s), int(version), bytes(stored)))
         for owner, s, version, stored in reversed(found):
-            full = self._full(owner, s, version, stored)
+            full = self._full(owner, s, version, plain(owner, s, version, stored))
             raw = msgspec.msgpack.decode(full)
             request = raw.get("request")
             if type(request) is not list:
@@ -1010,18 +1043,40 @@ class Journal:
                 (r[0], int(r[1])): (int(r[2]), bytes(r[3])) for r in self._recent_src
             }
         got = self._recent_rows.get((owner, seq))
-        if got is not None:
-            return got
-        with self._read() as cur:
-            where, args = self._span(cur, owner, seq, seq + 1)
-            cur.execute(self._q(f"SELECT version, payload FROM events WHERE {where}"), args)
-            row = cur.fetchone()
-        if row is None:
+        if got is None:
+            with self._read() as cur:
+                where, args = self._span(cur, owner, seq, seq + 1)
+                cur.execute(self._q(f"SELECT version, payload FROM events WHERE {where}"), args)
+                row = cur.fetchone()
+            if row is None:
+                raise TamperedJournal(
+                    f"journal {self._where()} lacks event {seq} of run {owner!r}, which a later"
+                    " event refers to (see `car verify`)"
+                )
+            got = (int(row[0]), bytes(row[1]))
+        return got[0], self._plain(owner, seq, *got)
+
+    def _plain(self, owner: str, seq: int, version: int, stored: bytes) -> bytes:
+        """The v5 stored bytes of a row of any version (v6 rows are unpacked)."""
+        try:
+            return self._unpacker.plain(owner, seq, version, stored)
+        except ValueError as e:
             raise TamperedJournal(
-                f"journal {self._where()} lacks event {seq} of run {owner!r}, which a later"
-                " event refers to (see `car verify`)"
+                f"event {seq} of run {owner!r} in {self._where()} does not unpack: {e}"
+                " (see `car verify`)"
+            ) from e
+
+    def _fetch_own(self, run_id: str, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
+        """(seq, version, stored payload) of the run's own rows with lo <= seq < hi."""
+        with self._read() as cur:
+            where, args = self._span(cur, run_id, lo, hi)
+            cur.execute(
+                self._q(
+                    f"SELECT seq, version, payload FROM events WHERE {where} ORDER BY {self._ord}"
+                ),
+                args,
             )
-        return int(row[0]), bytes(row[1])
+            return [(int(s), int(v), bytes(p)) for s, v, p in cur.fetchall()]
 
     def _store_texts(self, rows: list[EventRow]) -> tuple[list[EventRow], dict[bytes, bytes]]:
         """Rows in their stored v3 form: long texts moved to `texts` (once per distinct text),
@@ -1041,8 +1096,21 @@ class Journal:
         return out, new
 
     def _insert_texts(self, cur: Any, new: dict[bytes, bytes]) -> None:
-        """Store texts not known to be in `texts` yet (inside the append's transaction)."""
+        """Store texts not known to be in `texts` yet (inside the append's transaction); from
+        v6 on packed (engine/packing.py), against this writer's first text."""
         if new:
+            self._pending_texts.update(new)
+            if self.write_version >= 6:
+                # the base is this writer's first text, committed or in this transaction
+                base = self._text_base
+                packed: dict[bytes, bytes] = {}
+                for d, b in new.items():
+                    if base is None:
+                        packed[d] = packing.pack_text(b, None)
+                        base = self._text_base_pending = (d, b)
+                    else:
+                        packed[d] = packing.pack_text(b, base)
+                new = packed
             if self.is_sqlite:
                 # the no-rewrite trigger refuses a second insert of a key even with OR IGNORE
                 sql = (
@@ -1056,9 +1124,8 @@ class Journal:
                 sql = "INSERT INTO texts (hash, body) VALUES (%s, %s) ON CONFLICT DO NOTHING"
                 args = [(ev.text_key(d), b) for d, b in new.items()]
             cur.executemany(sql, args)
-            self._pending_texts.update(new)
 
-    def _text(self, digest: bytes) -> bytes:
+    def _text(self, digest: bytes, depth: int = 0) -> bytes:
         """A stored text by digest (cached: the same texts come back in every request)."""
         body = self._text_cache.get(digest)
         if body is not None:
@@ -1070,9 +1137,23 @@ class Journal:
             raise TamperedJournal(
                 f"journal {self._where()} lacks text {ev.text_key(digest)} (see `car verify`)"
             )
+        body = bytes(row[0])
+        if packing.is_packed(body):
+            try:
+                base = packing.text_base(body)
+                if base is not None and depth >= 4:
+                    raise ValueError("it is packed against a chain of texts, or a cycle")
+                body = packing.unpack_text(
+                    body, self._text(base, depth + 1) if base is not None else None
+                )
+            except ValueError as e:
+                raise TamperedJournal(
+                    f"text {ev.text_key(digest)} in {self._where()} does not unpack: {e}"
+                    " (see `car verify`)"
+                ) from e
         if len(self._text_cache) > 50_000:
             self._text_cache.clear()
-        body = self._text_cache[digest] = bytes(row[0])
+        self._text_cache[digest] = body
         return body
 
     def _writable(self) -> None:
@@ -1184,8 +1265,9 @@ class Journal:
             )
             rows = cur.fetchall()
         for seq, step, kind, version, stored, hash_ in rows:
-            # v3 and v4 store references (to texts, to earlier events): resolve them
-            payload = self._full(run_id, seq, version, bytes(stored))
+            # v3 and later store references (to texts, to earlier events): resolve them
+            plain = self._plain(run_id, seq, version, bytes(stored))
+            payload = self._full(run_id, seq, version, plain)
             yield StoredEvent(
                 run_id,
                 seq,
@@ -1220,7 +1302,8 @@ class Journal:
             self._recent_src = rows  # what _load looks in first (built on its first use)
             try:
                 for r in rows:
-                    owner, seq, version, stored = r[0], int(r[1]), int(r[2]), bytes(r[3])
+                    owner, seq, version = r[0], int(r[1]), int(r[2])
+                    stored = self._plain(owner, seq, version, bytes(r[3]))
                     e = ev.decode_stored_for_fold(stored) if version >= 4 else None
                     if e is None:
                         full = self._full(owner, seq, version, stored)

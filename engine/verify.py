@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
+from engine import packing
 from engine.journal import HASH_PREFIX, KIND_NAMES, SPAN, Journal, chain_hash
 
 EXPECTED_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -66,6 +67,7 @@ _SQLITE_TRIGGERS = {
     "0004_event_refs": (),
     "0005_integer_rows": ("kinds_no_update", "kinds_no_delete", "kinds_no_rewrite"),
     "0006_positional_events": (),
+    "0007_packed_rows": (),
 }
 _PG_TRIGGERS = {
     "0001_journal_tables": (
@@ -80,6 +82,7 @@ _PG_TRIGGERS = {
     "0004_event_refs": (),
     "0005_integer_rows": ("kinds_append_only", "kinds_no_truncate"),
     "0006_positional_events": (),
+    "0007_packed_rows": (),
 }
 MAX_FINDINGS_PER_RUN = 50
 
@@ -166,6 +169,8 @@ class _Checker:
         # v4 payloads refer to earlier events: resolved from the rows as stored
         self.runs: dict[str, _RunRow] = {}
         self.resolver = ev.Resolver(self.owner_of, self.load_row, self.stored_text, self.parent_of)
+        # v6 rows are packed against their block's earlier rows, as stored
+        self.unpacker = packing.Unpacker(self.fetch_own)
 
     # ---------------------------------------------------------------- helpers
 
@@ -425,6 +430,7 @@ class _Checker:
         """Re-hash every stored text; an altered one is a finding here and at every event
         that uses it."""
         rows = self.query(f"SELECT {self.raw('hash')}, {self.raw('body')} FROM texts")
+        stored: dict[bytes, bytes] = {}
         for raw_key, body in rows:
             key, _ok = _text(raw_key)
             body = bytes(body or b"")
@@ -435,10 +441,31 @@ class _Checker:
             except ValueError:
                 self.add(None, None, f"texts row with a malformed key {key!r}", "text")
                 continue
+            stored[digest] = body
+        for digest, body in stored.items():
+            key = ev.text_key(digest)
+            try:
+                body = self.unpacked_text(stored, digest)
+            except ValueError as e:
+                self.bad_texts.add(digest)
+                self.add(None, None, f"text {key} does not unpack: {e}", "text")
+                continue
             self.texts[digest] = body
             if ev.text_digest(body) != digest:
                 self.bad_texts.add(digest)
                 self.add(None, None, f"text {key} altered: its bytes no longer hash to it", "text")
+
+    def unpacked_text(self, stored: dict[bytes, bytes], digest: bytes, depth: int = 0) -> bytes:
+        """A text's plain bytes from the texts as stored (a packed one's base unpacked too)."""
+        body = stored[digest]
+        base = packing.text_base(body)
+        if base is None:
+            return packing.unpack_text(body, None)
+        if base not in stored:
+            raise ValueError(f"it is packed against text {ev.text_key(base)}, which is missing")
+        if depth >= 4:
+            raise ValueError("it is packed against a chain of texts, or a cycle")
+        return packing.unpack_text(body, self.unpacked_text(stored, base, depth + 1))
 
     def resolved(self, rid: str, seq: int, body: bytes) -> bytes | None:
         """The full bytes of a v3 payload from the texts as stored; None (after a finding) when
@@ -491,7 +518,17 @@ class _Checker:
         rows = self.query(f"SELECT version, {self.raw('payload')} FROM events WHERE {where}", args)
         if not rows:
             raise ValueError(f"it refers to event {seq} of run {rid}, which is missing")
-        return int(rows[0][0]), bytes(rows[0][1] or b"")
+        version, stored = int(rows[0][0]), bytes(rows[0][1] or b"")
+        return version, self.unpacker.plain(rid, seq, version, stored)
+
+    def fetch_own(self, rid: str, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
+        """(seq, version, payload as stored) of run `rid`'s own rows with lo <= seq < hi."""
+        where, args = self.span(rid, lo, hi)
+        rows = self.query(
+            f"SELECT seq, version, {self.raw('payload')} FROM events WHERE {where} ORDER BY seq",
+            args,
+        )
+        return [(int(s), int(v), bytes(p or b"")) for s, v, p in rows]
 
     def stored_text(self, digest: bytes) -> bytes:
         if digest not in self.texts:
@@ -552,6 +589,8 @@ class _Checker:
         )
         expected = start
         resync = prev is None  # no known predecessor hash: take the first stored one
+        first_finding = len(self.problems)
+        packed: set[int] = set()  # seqs of v6 rows stored packed against their block
         for (
             seq,
             seq_type,
@@ -607,6 +646,15 @@ class _Checker:
             if not isinstance(version, int):
                 self.add(rid, seq, f"version cell {version!r} is not an integer", "type")
                 version = -1
+            if version >= 6:
+                if packing.is_packed(body):
+                    packed.add(seq)
+                try:
+                    body = self.unpacker.plain(rid, seq, version, body)
+                except (ValueError, TypeError) as e:
+                    self.add(rid, seq, f"stored payload does not unpack: {e}", "undecodable")
+                    resync, prev, expected = True, stored_hash, seq + 1
+                    continue
             if version >= 3:
                 full = (
                     self.resolved_v4(rid, seq, body)
@@ -647,6 +695,40 @@ class _Checker:
         self.heads[rid] = expected
         if keep is not None:
             self.hashes[rid] = keep
+        self.problems[first_finding:] = self.blame_packing(
+            rid, self.problems[first_finding:], packed
+        )
+
+    @staticmethod
+    def blame_packing(
+        rid: str, found: list[VerifyProblem], packed: set[int]
+    ) -> list[VerifyProblem]:
+        """A packed row unpacks against its block's earlier rows: when one of those is altered,
+        what goes wrong with the later packed rows is said once each, naming it."""
+        out: list[VerifyProblem] = []
+        first_bad: dict[int, int] = {}
+        blamed: set[int] = set()
+        for p in found:
+            if p.run_id != rid or p.seq is None:
+                out.append(p)
+                continue
+            start = p.seq - p.seq % packing.BLOCK
+            bad = first_bad.setdefault(start, p.seq)
+            if bad < p.seq and p.seq in packed:
+                if p.seq not in blamed:
+                    blamed.add(p.seq)
+                    out.append(
+                        VerifyProblem(
+                            rid,
+                            p.seq,
+                            f"packed against event {bad} of its block, which is altered,"
+                            " missing or unreadable",
+                            "packed",
+                        )
+                    )
+                continue
+            out.append(p)
+        return out
 
     def keyed_cells(
         self, rid: str, seq: int, kind_cell: Any, hash_cell: Any, htype: Any

@@ -115,8 +115,12 @@ class JournalContract:
             (forged, run, 6),
         )
         problems = run_findings(journal.verify(run))
-        assert [(p.run_id, p.seq) for p in problems] == [(run, 6)]
+        assert (problems[0].run_id, problems[0].seq) == (run, 6)
         assert "altered" in problems[0].problem
+        # v6: the later events of its block are packed against it; each is named once, as such
+        later = problems[1:]
+        assert [p.seq for p in later] == list(range(7, 13))
+        assert all(p.code == "packed" and "event 6" in p.problem for p in later)
 
     def test_removed_event_located(self, journal: Journal) -> None:
         """Deleting an event is reported at the first missing seq."""
@@ -126,7 +130,9 @@ class JournalContract:
             journal, f"DELETE FROM events WHERE run_key = {KEY_OF} AND seq = ?", (run, 3)
         )
         problems = run_findings(journal.verify(run))
-        assert [(p.seq, "removed" in p.problem) for p in problems] == [(3, True)]
+        assert [(p.seq, "removed" in p.problem) for p in problems[:1]] == [(3, True)]
+        # v6: the later events of its block were packed against it
+        assert all(p.code == "packed" and "event 3 " in p.problem for p in problems[1:])
 
     def test_reordered_events_located(self, journal: Journal) -> None:
         """Swapping two events' payloads and hashes is found at the first swapped seq."""
@@ -144,8 +150,11 @@ class JournalContract:
         # the first finding is the first swapped seq; every finding lies at a swapped row or
         # the row that chains on one
         assert problems[0].seq == 4 and problems[0].code == "hash"
-        assert {p.seq for p in problems} <= {4, 5, 7, 8}
-        assert {(p.seq, p.code) for p in problems} >= {(4, "hash"), (7, "hash")}
+        # v6: the block's later events were packed against the rows as they were
+        unpacked = [p for p in problems if p.code != "packed"]
+        assert {p.seq for p in unpacked} <= {4, 5, 7, 8}
+        assert all("event 4 " in p.problem for p in problems if p.code == "packed")
+        assert {(p.seq, p.code) for p in unpacked} >= {(4, "hash")}
 
     def test_concurrent_writer_conflicts(self, journal: Journal, second: Journal) -> None:
         """Two writers appending at the same seq: one wins, the other gets ConcurrencyError."""

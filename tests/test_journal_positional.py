@@ -64,6 +64,7 @@ def test_v5_encoding_known_answer(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     r0 = [{"role": "system", "content": SYS_A}, {"role": "user", "content": CLOSE}]
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         run = j.create_run("t", run_id="r1")
         j.append(run, [_call(0, "a", r0, SAID_A), ev.ChatMessage(step=0, agent="b", text=SAID_A)])
         r1 = [
@@ -117,6 +118,7 @@ KNOWN_V5_DIGEST = "c2f21d9d9e294b7f1c7bb7cb77708c7b"
 def heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = tmp_path_factory.mktemp("v5") / "j.db"
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         result = record_heist(j, make_policy({"name": "sim"}), seed=7, rounds=3)
     return path, result.run_id
 
@@ -235,6 +237,7 @@ def rerun(tmp_path: Path, heist: tuple[Path, str]) -> tuple[Path, str, str, int]
     path = tmp_path / "j.db"
     shutil.copy(src, path)
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         info = parent_info(j, run)
         keep = {s: a for s, a in info.actions.items() if s > 1}
         branch = run_branch(j, info, DoResample(k=1), 3, keep=keep).run_id

@@ -67,7 +67,7 @@ def _branches(path: Path, run: str, fork_at: list[int], fresh: bool, version: in
     return ids
 
 
-@pytest.mark.parametrize("version", [5, 4])
+@pytest.mark.parametrize("version", [6, 5, 4])
 def test_branches_at_a_warm_fork_point_store_the_same_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:

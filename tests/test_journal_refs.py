@@ -81,6 +81,7 @@ KNOWN_V4_DIGEST = "fd989b134a7434726624ff21a34bc668"
 def heist(tmp_path: Path) -> tuple[Path, str]:
     path = tmp_path / "j.db"
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         result = record_heist(j, make_policy({"name": "sim"}), seed=7, rounds=2)
     return path, result.run_id
 
@@ -105,6 +106,7 @@ def test_branch_request_is_a_delta_of_the_parents(heist: tuple[Path, str]) -> No
     history (a fresh writer looks it up), and the branch reads back canonical."""
     path, run = heist
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         fork = j.step_start(run, 6)
         branch = run_branch(j, parent_info(j, run), DoResample(k=6), 1).run_id
     with Journal(path, readonly=True) as j:
@@ -215,6 +217,7 @@ def test_v4_fixture_reads_as_recorded(tmp_path: Path) -> None:
         assert _summary(j) == expected
         assert verify_journal(j).ok
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         assert _summary(j) == expected
 
 
@@ -224,6 +227,7 @@ def test_system_prompts_stored_once_and_tamper_named(heist: tuple[Path, str]) ->
     every event whose request was rebuilt from it (the first call of that agent at least)."""
     path, run = heist
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         run_branch(j, parent_info(j, run), DoResample(k=2), 1)
     db = sqlite3.connect(path, isolation_level=None)
     texts = dict(db.execute("SELECT hash, body FROM texts").fetchall())
@@ -264,8 +268,10 @@ def test_threads_sharing_one_journal_read_v4_runs_whole(tmp_path: Path) -> None:
 
     path = tmp_path / "j.db"
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         run_id = record_heist(j, SimPolicy(), seed=7).run_id
     with Journal(path) as j:
+        j.write_version = 5  # the v5 layer itself (v6 packs it: test_journal_packed)
         want = [s.payload for s in j.read(run_id)]
     errors: list[str] = []
     with Journal(path, readonly=True) as j:

@@ -214,14 +214,21 @@ KEYED_FIXTURES = {
         "0006_positional_events",
         "b2:00c2f42405246a585e2e73a02e30905446bede4c21a16d40e259debc55a967da",
     ),
+    "v7": (
+        "0007_packed_rows",
+        "b2:8fcf585d50cc4d049b1449968fe192e291efaa12970bb25112268746e37fa844",
+    ),
 }
+# fixture -> the event schema its rows were written with
+KEYED_SCHEMAS = {"v5": 4, "v6": 5, "v7": 6}
 
 
 @pytest.mark.parametrize("readonly", [True, False], ids=["read-only", "opened-for-writing"])
 @pytest.mark.parametrize("name", sorted(KEYED_FIXTURES))
 def test_keyed_fixture_known_answers(tmp_path: Path, name: str, readonly: bool) -> None:
-    """tests/fixtures/journal_v5.db (the keyed layout, event schema 4) and journal_v6.db
-    (revision 0006, schema 5: positional payloads), written by make_fixture_v5.py, read back
+    """tests/fixtures/journal_v5.db (the keyed layout, event schema 4), journal_v6.db
+    (revision 0006, schema 5: positional payloads) and journal_v7.db (revision 0007, schema 6:
+    packed rows and texts), written by make_fixture_v5.py, read back
     to their pinned chain heads and payload digests, and `car verify` and `car state` print
     what they printed when they were made."""
     revision, last_hash = KEYED_FIXTURES[name]
@@ -230,12 +237,12 @@ def test_keyed_fixture_known_answers(tmp_path: Path, name: str, readonly: bool) 
     shutil.copy(FIXTURES / f"journal_{name}.db", path)
     with Journal(path, readonly=readonly) as j:
         # opened for writing it is upgraded to the head (no table change since 0005)
-        assert j.revision == (revision if readonly else "0006_positional_events")
+        assert j.revision == (revision if readonly else HEAD_REVISION)
         assert _summary(j) == expected["runs"]
         assert verify_journal(j).ok
     # the literal, so a change of both the fixture and the expected file shows in review
     assert expected["runs"][f"{name}run0000000"]["last_hash"] == last_hash
-    schema = 5 if name == "v6" else 4
+    schema = KEYED_SCHEMAS[name]
     assert all(r["versions"] == [schema] for r in expected["runs"].values())
     res = _car("--journal", str(path), "verify", "--json")
     assert res.returncode == 0 and json.loads(res.stdout) == expected["verify"]

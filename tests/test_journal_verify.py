@@ -19,6 +19,7 @@ import pytest
 from test_journal_contract import record, step_events
 
 from engine import events as ev
+from engine import packing
 from engine.anchor import AnchorError, make_anchor, read_anchor
 from engine.journal import KIND_CODES, KIND_NAMES, Journal, chain_hash, hash_cell, hash_text
 from engine.state import FOLD_VERSION, build_snapshots, decode_state, encode_state
@@ -75,6 +76,30 @@ def findings(report: VerifyReport) -> set[tuple[str | None, int | None, str]]:
 def anchor_of(path: Path) -> dict[str, object]:
     with Journal(path, readonly=True) as j:
         return make_anchor(j, KEY, "2026-12-01T00:00:00")
+
+
+def forge(db: sqlite3.Connection, run: str, seq: int, payload: bytes) -> None:
+    """Store `payload` as event `seq`, as a careful attacker would: the later events of its
+    block, packed against it (v6, engine/packing.py), packed again against the forgery."""
+    start = seq - seq % packing.BLOCK
+    rows = db.execute(
+        f"SELECT seq, version, payload FROM events WHERE run_key = {KEY_OF}"
+        " AND seq >= ? AND seq < ? ORDER BY seq",
+        (run, start, start + packing.BLOCK),
+    ).fetchall()
+    plains, tail = {}, b""
+    for s, version, stored in rows:
+        plains[s] = packing.unpack(stored, tail) if version >= 6 else stored
+        tail = (tail + plains[s])[-packing.WINDOW :]
+    plains[seq], tail = payload, b""
+    for s, version, _stored in rows:
+        if s >= seq:
+            new = packing.pack(plains[s], tail) if version >= 6 and s > seq else plains[s]
+            db.execute(
+                f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = ?",
+                (new, run, s),
+            )
+        tail = (tail + plains[s])[-packing.WINDOW :]
 
 
 def rechain(db: sqlite3.Connection, run: str, start: int) -> None:
@@ -348,10 +373,7 @@ def test_rechained_run_found_only_with_anchor(journal: tuple[Path, str, str]) ->
     path, run, _child = journal
     anchor = anchor_of(path)
     db = raw(path)
-    forged = ev.encode(ev.ChatMessage(step=99, agent="b", text="forged"))
-    db.execute(
-        f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = 300", (forged, run)
-    )
+    forge(db, run, 300, ev.encode(ev.ChatMessage(step=99, agent="b", text="forged")))
     rechain(db, run, 300)
     db.close()
     assert findings(check(path)) == set()  # the chain alone is fooled
@@ -438,10 +460,7 @@ def test_anchor_cli_round_trip(journal: tuple[Path, str, str], tmp_path: Path) -
     res = _car("--journal", str(path), "verify", "--anchor", str(a), "--key-file", str(key))
     assert res.returncode == 0 and "2 runs match the anchor" in res.stdout, res.stderr
     db = raw(path)
-    db.execute(
-        f"UPDATE events SET payload = ? WHERE run_key = {KEY_OF} AND seq = 10",
-        (ev.encode(ev.ChatMessage(step=3, agent="a", text="x")), run),
-    )
+    forge(db, run, 10, ev.encode(ev.ChatMessage(step=3, agent="a", text="x")))
     rechain(db, run, 10)
     db.close()
     res = _car("--journal", str(path), "verify", "--anchor", str(a), "--key-file", str(key))

@@ -155,7 +155,7 @@ def test_newer_schema_is_refused() -> None:
     from engine.errors import SchemaTooNew
 
     with pytest.raises(
-        SchemaTooNew, match=r"^event written by schema version 6, this engine reads up to 5$"
+        SchemaTooNew, match=r"^event written by schema version 7, this engine reads up to 6$"
     ):
         ev.decode(_hex(ENCODINGS[4][1]), ev.SCHEMA_VERSION + 1)
 
@@ -268,7 +268,7 @@ def test_chain_hash_covers_every_input() -> None:
 def test_chain_rows_link_each_event_to_the_previous() -> None:
     """chain_rows: seq counts up from the given start, each hash chains on the one before,
     the first on the given `prev`, the version written is hashed with the row (known answers
-    for a v3 row); by default the version written is the current schema's (5)."""
+    for a v3 row); by default the version written is the current schema's (6)."""
     events = [e for e, _ in ENCODINGS[:3]]
     rows = chain_rows("r", events, 4, "b2:prev", version=3)
     prev = "b2:prev"
@@ -280,10 +280,10 @@ def test_chain_rows_link_each_event_to_the_previous() -> None:
         prev = h
     assert rows[-1][6] == "b2:4345bcd26f6ed1c527ac69a79b3117894a0dcb4f6654dfb73e09e845f6f2375e"
     current = chain_rows("r", events, 4, "b2:prev")
-    assert [r[4] for r in current] == [5, 5, 5]
+    assert [r[4] for r in current] == [6, 6, 6]
     prev = "b2:prev"
     for row in current:
-        assert row[6] == _chain_by_hand(prev, row[1], row[3], 5, row[5])
+        assert row[6] == _chain_by_hand(prev, row[1], row[3], 6, row[5])
         prev = row[6]
     assert current[-1][6] != rows[-1][6]  # the version is part of what is hashed
 
