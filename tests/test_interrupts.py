@@ -187,10 +187,11 @@ def test_ctrl_c_while_starting_is_one_line(heist: tuple[Path, str], delay: float
 
 @pytest.fixture(scope="module")
 def long_heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A 1,800-step heist: long enough that re-executing it takes a few seconds."""
+    """A 9,000-step heist: long enough that re-executing it takes several seconds even on an
+    idle, fast machine (1,800 steps took 1.0 s at -c 1, less than the wait before the signal)."""
     path = tmp_path_factory.mktemp("interrupts-long") / "j.db"
     with Journal(path) as j:
-        run = record_heist(j, SimPolicy(), seed=3, rounds=300).run_id
+        run = record_heist(j, SimPolicy(), seed=3, rounds=1500).run_id
     return path, run
 
 
