@@ -8,8 +8,8 @@ embedded sim policy, it prints:
   * `car state RUN --at K` and `car runs` as processes, beside `python -c pass` —
     target: car state <= 0.35 s;
   * append of the heist's events through Journal.append vs raw sqlite3 inserting the same
-    payloads into a plain integer-keyed table, one transaction per step, side by side —
-    target: append >= 0.6x the floor.
+    payloads into a plain integer-keyed table, one transaction per step, side by side (each
+    --reps times, alternately; the medians) — target: append >= 0.6x the floor.
 
     python bench/bench_compact.py [--json]
 """
@@ -139,7 +139,9 @@ def append_rates(path: Path, run: str, work: Path) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_output_options(p)
-    p.add_argument("--reps", type=int, default=5, help="Process timings: runs per command.")
+    p.add_argument(
+        "--reps", type=int, default=5, help="Runs per process timing and per append measurement."
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     a = p.parse_args()
     res: dict[str, Any] = {"env": environment(loadavg_start=loadavg()), "heists": []}
@@ -151,7 +153,10 @@ def main() -> None:
             say(a.quiet, "forking branches")
             early = branch_bytes(path, run, k_early, 3)
             late = branch_bytes(path, run, k_late, 3)
-            jrate, frate = append_rates(path, run, work)
+            # alternately, a few times: one pass is ~30 ms, too short to time alone
+            rates = [append_rates(path, run, work) for _ in range(a.reps)]
+            jrate = statistics.median(r[0] for r in rates)
+            frate = statistics.median(r[1] for r in rates)
             res["heists"].append(
                 {
                     "rounds": rounds,

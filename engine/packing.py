@@ -40,10 +40,13 @@ def is_packed(stored: bytes) -> bool:
 
 
 def _deflate(data: bytes, zdict: bytes) -> bytes:
+    # a 16 KiB window and small hash tables (memLevel 4): a compressor is made per row, and
+    # zeroing zlib's default tables (~300 KB) took 40 us of its 60; the output is the same size
+    # on the heists measured, and any raw deflate inflates with the reader's 32 KiB window
     if zdict:
-        c = zlib.compressobj(LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, zdict)
+        c = zlib.compressobj(LEVEL, zlib.DEFLATED, -14, 4, zlib.Z_DEFAULT_STRATEGY, zdict)
     else:
-        c = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
+        c = zlib.compressobj(LEVEL, zlib.DEFLATED, -14, 4)
     return c.compress(data) + c.flush()
 
 

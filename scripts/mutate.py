@@ -51,6 +51,13 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_compaction.py",
         "tests/test_journal_mutants2.py",
     ],
+    "engine/packing.py": [
+        "tests/test_journal_packed.py",
+        "tests/test_journal_contract.py",
+        "tests/test_journal_verify.py",
+        "tests/test_journal_rows.py",
+        "tests/test_journal_prepare.py",
+    ],
     "engine/journal.py": [
         "tests/test_journal_prepare.py",
         "tests/test_known_answers.py",
@@ -64,10 +71,12 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_compaction.py",
         "tests/test_journal_open.py",
         "tests/test_journal_rows.py",
+        "tests/test_journal_packed.py",
     ],
     "engine/verify.py": [
         "tests/test_known_answers.py",
         "tests/test_journal_verify.py",
+        "tests/test_journal_packed.py",
     ],
     "engine/state.py": [
         "tests/test_state_mutants.py",
