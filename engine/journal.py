@@ -746,31 +746,34 @@ class Journal:
         if self.write_version >= 4 and expected_seq and run_id not in self._compactors:
             self._warm_compactor(run_id, expected_seq)
         ready = self._prepare(run_id, events, expected_seq, payloads)
-        self._pending_texts = {}
-        try:
-            with self._tx() as cur:
-                if ready is None:
-                    head = self._append(cur, run_id, events, expected_seq, payloads)
-                else:
-                    head = self._insert(cur, run_id, *ready)
-                if any(isinstance(e, ev.RunEnded) for e in events):
-                    self._release_lease(cur, run_id)
-        except BaseException:
-            # the writer's memory may name events of this step, which were not written
-            self._compactors.pop(run_id, None)
-            self._plains.pop(run_id, None)
+        # the transaction and what this writer learns from it, one thread at a time: what a
+        # transaction leaves pending (texts, the texts' base) is another thread's otherwise
+        with self._lock:
+            self._pending_texts = {}
+            try:
+                with self._tx() as cur:
+                    if ready is None:
+                        head = self._append(cur, run_id, events, expected_seq, payloads)
+                    else:
+                        head = self._insert(cur, run_id, *ready)
+                    if any(isinstance(e, ev.RunEnded) for e in events):
+                        self._release_lease(cur, run_id)
+            except BaseException:
+                # the writer's memory may name events of this step, which were not written
+                self._compactors.pop(run_id, None)
+                self._plains.pop(run_id, None)
+                self._text_base_pending = None
+                raise
+            finally:
+                pending, self._pending_texts = self._pending_texts, {}
+            # only texts that are committed may be skipped next time, or be packed against
+            self._known_texts.update(pending)
+            if self._text_base is None:
+                self._text_base = self._text_base_pending
             self._text_base_pending = None
-            raise
-        finally:
-            pending, self._pending_texts = self._pending_texts, {}
-        # only texts that are committed may be skipped next time, or be packed against
-        self._known_texts.update(pending)
-        if self._text_base is None:
-            self._text_base = self._text_base_pending
-        self._text_base_pending = None
-        first, plains = self._plains.pop(run_id, (0, []))
-        for i, plain in enumerate(plains):
-            self._unpacker.remember(run_id, first + i, plain)
+            first, plains = self._plains.pop(run_id, (0, []))
+            for i, plain in enumerate(plains):
+                self._unpacker.remember(run_id, first + i, plain)
         return head
 
     def _append(

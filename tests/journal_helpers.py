@@ -1,10 +1,14 @@
 """What several journal tests share: a run's stored rows read straight from the SQLite file,
-and a clock that does not move."""
+a clock that does not move, and `car` on a journal as a user runs it."""
 
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # the events rows of a run by its public id (they carry its run_key, docs/decisions.md 41)
 KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
@@ -31,3 +35,14 @@ class StillClock:
 
     def monotonic(self) -> float:
         return 0.0
+
+
+def car(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`car --journal J ARGS` in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "--journal", str(journal), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )

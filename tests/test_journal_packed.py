@@ -11,15 +11,13 @@ from __future__ import annotations
 import itertools
 import shutil
 import sqlite3
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from journal_helpers import KEY_OF, StillClock, stored_rows
+from journal_helpers import KEY_OF, StillClock, car, stored_rows
 
 from engine import events as ev
 from engine import packing
@@ -30,7 +28,6 @@ from engine.journal import HEAD_REVISION, Journal
 from engine.policies.registry import make_policy
 from engine.verify import verify_journal
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -154,16 +151,6 @@ def _drop_triggers(db: sqlite3.Connection) -> None:
         db.execute(f"DROP TRIGGER {name}")
 
 
-def _car(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "--journal", str(path), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-
-
 def test_altered_base_text_is_named_with_its_users(
     packed: tuple[Path, tuple[str, str, str]], tmp_path: Path
 ) -> None:
@@ -188,7 +175,7 @@ def test_altered_base_text_is_named_with_its_users(
     assert not report.ok
     assert any(p.run_id is None and key in p.problem for p in report.problems)
     assert any(p.run_id == run for p in report.problems)
-    res = _car(path, "verify")
+    res = car(path, "verify")
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert key in res.stdout + res.stderr
 
@@ -327,3 +314,50 @@ def test_text_pack_round_trip(body: str, base: str) -> None:
             assert packing.unpack_text(packed_form, base_plain) == raw
         else:
             assert packed_form == raw
+
+
+def test_threads_writing_runs_with_texts_through_one_journal(tmp_path: Path) -> None:
+    """Four threads append runs whose LLM calls carry system prompts of their own through one
+    Journal (as threaded executors do): every text is packed against a text that is there,
+    every run reads back as written, and the journal verifies."""
+    import threading
+
+    path = tmp_path / "j.db"
+    written: dict[str, list[ev.AnyEvent]] = {}
+    with Journal(path) as j:
+
+        def writer(t: int) -> None:
+            for r in range(6):
+                run = j.create_run(f"t{t}r{r}")
+                events: list[ev.AnyEvent] = []
+                head = 0
+                for step in range(3):
+                    prompt = f"You are agent {t}-{r}, who plans step {step}. " * 12
+                    call = ev.LlmCall(
+                        step=step,
+                        agent=f"a{t}",
+                        request=[{"role": "system", "content": prompt}],
+                        response=f"thread {t} run {r} step {step} answers",
+                        seed=step,
+                        model="m",
+                        finish_reason="stop",
+                    )
+                    head = j.append(run, [call], head)
+                    events.append(call)
+                written[run] = events
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    db = sqlite3.connect(path)
+    bodies = dict(db.execute("SELECT hash, body FROM texts").fetchall())
+    db.close()
+    digests = {bytes.fromhex(k.removeprefix(ev.TEXT_PREFIX)) for k in bodies}
+    assert len(bodies) == 4 * 6 * 3
+    assert all(packing.text_base(b) in digests | {None} for b in bodies.values())
+    with Journal(path, readonly=True) as j:
+        for run, events in written.items():
+            assert j.events(run) == events
+        assert verify_journal(j).ok
