@@ -53,10 +53,11 @@ def _deflate(data: bytes, zdict: bytes) -> bytes:
 def _inflate(data: bytes | memoryview, zdict: bytes) -> bytes:
     d = zlib.decompressobj(-15, zdict) if zdict else zlib.decompressobj(-15)
     try:
-        out = d.decompress(data, MAX_PLAIN)
+        # one byte past the bound: a stream of exactly MAX_PLAIN bytes must reach its end
+        out = d.decompress(data, MAX_PLAIN + 1)
     except zlib.error as e:
         raise ValueError(f"packed bytes do not inflate ({e})") from e
-    if d.unconsumed_tail:
+    if len(out) > MAX_PLAIN or d.unconsumed_tail:
         raise ValueError(f"packed bytes inflate to more than {MAX_PLAIN} bytes")
     if not d.eof or d.unused_data:
         raise ValueError("packed bytes are cut short or carry bytes past their end")

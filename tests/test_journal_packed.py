@@ -361,3 +361,116 @@ def test_threads_writing_runs_with_texts_through_one_journal(tmp_path: Path) -> 
         for run, events in written.items():
             assert j.events(run) == events
         assert verify_journal(j).ok
+
+
+# ------------------------------------------------------------------ the unpacker's own promises
+
+
+def _rows_and_fetch(
+    n: int,
+) -> tuple[list[bytes], dict[int, tuple[int, bytes]], list[tuple[int, int]], packing.Fetch]:
+    """`n` rows of one run written through an Unpacker as the journal's writer does, and a
+    fetch over them that records what it is asked for."""
+    plains = [
+        f"row {i}: the guard changes at {i % 7} and the van waits ".encode() * 6 for i in range(n)
+    ]
+    rows: dict[int, tuple[int, bytes]] = {}
+    calls: list[tuple[int, int]] = []
+
+    def fetch(run: str, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
+        calls.append((lo, hi))
+        return [(s, *rows[s]) for s in range(lo, hi) if s in rows]
+
+    writer = packing.Unpacker(fetch)
+    for seq, plain in enumerate(plains):
+        rows[seq] = (6, writer.pack_rows("r", seq, [plain])[0])
+        writer.remember("r", seq, plain)
+    return plains, rows, calls, fetch
+
+
+def test_a_writer_and_an_in_order_reader_fetch_nothing() -> None:
+    """A writer that remembers what it committed needs no read for its next window; a reader
+    in seq order fetches nothing, nor on a second pass; a cold read of a late row fetches its
+    block's rows before it, once."""
+    plains, rows, calls, fetch = _rows_and_fetch(150)
+    assert calls == []
+    assert sum(packing.is_packed(s) for _v, s in rows.values()) >= 140
+    reader = packing.Unpacker(fetch)
+    for _ in range(2):
+        assert [reader.plain("r", s, *rows[s]) for s in range(150)] == plains
+    assert calls == []
+    cold = packing.Unpacker(fetch)
+    assert cold.plain("r", 100, *rows[100]) == plains[100]
+    assert cold.plain("r", 101, *rows[101]) == plains[101]
+    assert cold.plain("r", 90, *rows[90]) == plains[90]
+    assert calls == [(64, 100)]
+
+
+def test_remembered_rows_must_follow_on() -> None:
+    """A row remembered out of turn (not the block's next) is not taken as part of the
+    window: the next window is read instead, and is right."""
+    plains, rows, calls, fetch = _rows_and_fetch(10)
+    u = packing.Unpacker(fetch)
+    u.remember("r", 3, b"not what row 3 holds")
+    assert u.plain("r", 5, *rows[5]) == plains[5]
+    assert calls == [(0, 5)]
+    u.remember("r", 7, b"a gap before it")
+    assert u.window("r", 7) == b"".join(plains[:7])[-packing.WINDOW :]
+
+
+def test_blocks_kept_are_bounded() -> None:
+    """At most `max_blocks` blocks are kept; reading past the bound forgets and stays right."""
+    plains, rows, _calls, fetch = _rows_and_fetch(4 * packing.BLOCK)
+    u = packing.Unpacker(fetch, max_blocks=2)
+    for s in (0, 64, 128, 192, 1, 65):
+        assert u.plain("r", s, *rows[s]) == plains[s]
+        assert len(u._blocks) <= 2
+    w = packing.Unpacker(fetch, max_blocks=2)
+    for s in (0, 64, 128):
+        w.remember("r", s, plains[s])
+        assert len(w._blocks) <= 2
+
+
+def test_a_step_across_a_block_boundary_starts_its_window_again() -> None:
+    """Rows of one append that cross into the next block: the first row of the new block is
+    packed against nothing, even when it repeats the row before it word for word."""
+    same = b"the same words again and again, " * 8
+    u = packing.Unpacker(lambda run, lo, hi: [])
+    stored = u.pack_rows("r", 62, [same, same, same, same])
+    assert packing.unpack(stored[2], b"") == same
+    with pytest.raises(ValueError):
+        # the row after it is packed against it, so it needs it
+        packing.unpack(stored[3], b"")
+
+
+def test_errors_of_packed_bytes_say_what_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each way a packed payload or text is broken has its own message; the bound on what
+    a row may inflate to is exact."""
+    good = packing.pack(b"abc" * 100, b"")
+    with pytest.raises(ValueError, match=r"^packed bytes do not inflate \("):
+        packing.unpack(packing.PACKED + b"\xff" * 30, b"")
+    with pytest.raises(ValueError, match=r"^packed bytes are cut short or carry bytes past"):
+        packing.unpack(good[:-2], b"")
+    with pytest.raises(ValueError, match=r"^packed bytes are cut short or carry bytes past"):
+        packing.unpack(good + b"\x00", b"")
+    monkeypatch.setattr(packing, "MAX_PLAIN", 300)
+    assert packing.unpack(good, b"") == b"abc" * 100  # exactly the bound
+    assert packing.is_packed(packing.pack(b"a" * 300, b""))
+    assert packing.pack(b"a" * 301, b"") == b"a" * 301  # above it: stored as it is
+    with pytest.raises(ValueError, match=r"^packed bytes inflate to more than 300 bytes$"):
+        packing.unpack(packing.PACKED + packing._deflate(b"a" * 301, b""), b"")
+    monkeypatch.undo()
+    base = (ev.text_digest(b"base"), b"base text " * 50)
+    text = packing.pack_text(b"base text " * 40 + b"and more", base)
+    assert packing.text_base(text) == base[0]
+    with pytest.raises(ValueError, match=r"^packed text is cut short$"):
+        packing.text_base(text[: 2 + packing.DIGEST - 1])
+    assert packing.text_base(text[: 2 + packing.DIGEST]) == base[0]
+    with pytest.raises(ValueError, match=r"^packed text has an unknown form$"):
+        packing.unpack_text(packing.PACKED + b"\x07" + text[2:], base[1])
+    with pytest.raises(ValueError, match=r"^packed text has an unknown form$"):
+        packing.unpack_text(text, None)  # based, but no base given
+    assert packing.unpack_text(text, base[1]) == b"base text " * 40 + b"and more"
+    alone = packing.pack_text(b"XXXX" * 200, None)
+    assert packing.text_base(alone) is None
+    assert packing.unpack_text(alone, None) == b"XXXX" * 200
