@@ -182,20 +182,12 @@ class Unpacker:
         return out
 
     def remember(self, run: str, seq: int, plain: bytes) -> None:
-        """A row this writer has committed, so that the next one's window is at hand."""
-        start = seq - seq % BLOCK
+        """A row this writer has committed, so that the next one's window is at hand (its
+        block is the one `pack_rows` read; a row that does not follow on is not taken)."""
         with self._lock:
-            block = self._blocks.get((run, start))
-            if block is None and seq == start:
-                block = self._new(run, start)
+            block = self._blocks.get((run, seq - seq % BLOCK))
             if block is not None and block.upto == seq:
                 block.add(seq, plain)
-
-    def _new(self, run: str, start: int) -> _Block:
-        if len(self._blocks) >= self._max:
-            self._blocks.clear()
-        block = self._blocks[(run, start)] = _Block(start)
-        return block
 
     def _extended(self, run: str, start: int, seq: int) -> _Block:
         """The block of `seq`, holding every row of the run below `seq` (read if need be)."""
