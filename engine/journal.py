@@ -280,7 +280,7 @@ class Journal:
         self._recent_src: list[Any] | None = None
         self._in_tx = False
         # v6: the plain (v5) bytes of packed rows, by block (engine/packing.py)
-        self._unpacker = packing.Unpacker(self._fetch_own)
+        self._unpacker = packing.Unpacker(self._fetch_own, lock=self._lock)
         # run -> (first seq, plain bytes) of the rows of the append in progress
         self._plains: dict[str, tuple[int, list[bytes]]] = {}
         # (digest, plain text) of the first text this writer stored alone and committed:

@@ -137,12 +137,17 @@ class Unpacker:
     lo <= seq < hi in seq order. Blocks read or written are kept, so a run read in seq order
     fetches nothing more; memory is bounded (forgetting costs reads only)."""
 
-    def __init__(self, fetch: Fetch, max_blocks: int = 2048) -> None:
+    def __init__(
+        self, fetch: Fetch, max_blocks: int = 2048, lock: threading.RLock | None = None
+    ) -> None:
         self._fetch = fetch
         self._blocks: dict[tuple[str, int], _Block] = {}
         self._max = max_blocks
-        # one journal serves several threads: a block is extended by one at a time
-        self._lock = threading.RLock()
+        # one journal serves several threads: a block is extended by one at a time. `fetch`
+        # takes the journal's lock, so the journal passes that lock here: with a lock of
+        # its own, a reader holding it would wait for the journal's while a writer holding
+        # the journal's waited for it
+        self._lock = lock if lock is not None else threading.RLock()
 
     def clear(self) -> None:
         with self._lock:

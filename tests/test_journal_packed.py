@@ -319,8 +319,9 @@ def test_text_pack_round_trip(body: str, base: str) -> None:
 
 def test_threads_writing_runs_with_texts_through_one_journal(tmp_path: Path) -> None:
     """Four threads append runs whose LLM calls carry system prompts of their own through one
-    Journal (as threaded executors do): every text is packed against a text that is there,
-    every run reads back as written, and the journal verifies."""
+    Journal (as threaded executors do) while two read them cold: none waits forever, every
+    text is packed against a text that is there, every run reads back as written, and the
+    journal verifies."""
     import threading
 
     path = tmp_path / "j.db"
@@ -347,11 +348,28 @@ def test_threads_writing_runs_with_texts_through_one_journal(tmp_path: Path) -> 
                     events.append(call)
                 written[run] = events
 
+        done = threading.Event()
+        reads = [0]
+
+        def reader() -> None:
+            # cold reads of packed rows (fetches under the journal's lock) while the writers
+            # hold it for their transactions: one lock order, no deadlock
+            while not done.is_set():
+                for run in list(written):
+                    j._unpacker.clear()
+                    j.events(run)
+                    reads[0] += 1
+
         threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
-        for th in threads:
+        readers = [threading.Thread(target=reader) for _ in range(2)]
+        for th in threads + readers:
             th.start()
         for th in threads:
-            th.join()
+            th.join(60)
+        done.set()
+        for th in readers:
+            th.join(60)
+        assert not any(th.is_alive() for th in threads + readers), "deadlocked"
     db = sqlite3.connect(path)
     bodies = dict(db.execute("SELECT hash, body FROM texts").fetchall())
     db.close()
