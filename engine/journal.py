@@ -1143,12 +1143,7 @@ class Journal:
         body = bytes(row[0])
         if packing.is_packed(body):
             try:
-                base = packing.text_base(body)
-                if base is not None and depth >= 4:
-                    raise ValueError("it is packed against a chain of texts, or a cycle")
-                body = packing.unpack_text(
-                    body, self._text(base, depth + 1) if base is not None else None
-                )
+                body = packing.plain_text(body, self._text, depth)
             except ValueError as e:
                 raise TamperedJournal(
                     f"text {ev.text_key(digest)} in {self._where()} does not unpack: {e}"

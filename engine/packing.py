@@ -111,6 +111,20 @@ def unpack_text(stored: bytes, base_plain: bytes | None) -> bytes:
     raise ValueError("packed text has an unknown form")
 
 
+MAX_TEXT_DEPTH = 4  # texts a text may be packed against in a row (a writer makes at most 1)
+
+
+def plain_text(stored: bytes, base_of: Callable[[bytes, int], bytes], depth: int = 0) -> bytes:
+    """A stored text's plain bytes; `base_of(digest, depth + 1)` gives its base's (the same
+    function, one text further along the chain). ValueError for a chain that is too long."""
+    base = text_base(stored)
+    if base is None:
+        return unpack_text(stored, None)
+    if depth >= MAX_TEXT_DEPTH:
+        raise ValueError("it is packed against a chain of texts, or a cycle")
+    return unpack_text(stored, base_of(base, depth + 1))
+
+
 class _Block:
     """The plain (v5) bytes of one run's own events in one block, every seq below `upto`."""
 

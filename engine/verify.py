@@ -457,15 +457,13 @@ class _Checker:
 
     def unpacked_text(self, stored: dict[bytes, bytes], digest: bytes, depth: int = 0) -> bytes:
         """A text's plain bytes from the texts as stored (a packed one's base unpacked too)."""
-        body = stored[digest]
-        base = packing.text_base(body)
-        if base is None:
-            return packing.unpack_text(body, None)
-        if base not in stored:
-            raise ValueError(f"it is packed against text {ev.text_key(base)}, which is missing")
-        if depth >= 4:
-            raise ValueError("it is packed against a chain of texts, or a cycle")
-        return packing.unpack_text(body, self.unpacked_text(stored, base, depth + 1))
+        if digest not in stored:
+            raise ValueError(f"it is packed against text {ev.text_key(digest)}, which is missing")
+
+        def base_of(base: bytes, deeper: int) -> bytes:
+            return self.unpacked_text(stored, base, deeper)
+
+        return packing.plain_text(stored[digest], base_of, depth)
 
     def resolved(self, rid: str, seq: int, body: bytes) -> bytes | None:
         """The full bytes of a v3 payload from the texts as stored; None (after a finding) when
