@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from journal_helpers import car
 
 from engine import events as ev
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +43,6 @@ def heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path]:
     (files / "deep.json").write_text('{"text": "t", "step": ' + "[" * 100_000 + "]" * 100_000 + "}")
     (files / "notes").mkdir()
     return path, run, files
-
-
-def car(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "--journal", str(journal), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
 
 
 DEEP_JSON = '{"text": "t", "step": ' + "[" * 10_000 + "]" * 10_000 + "}"
