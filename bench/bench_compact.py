@@ -23,12 +23,14 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 from common import add_output_options, emit, environment, loadavg, remove_db, say, work_dir
 
 from engine import events as ev
+from engine import packing
 from engine.heist.session import record_heist
 from engine.interventions import DoResample, parent_info, run_branch
 from engine.journal import Journal
@@ -136,6 +138,65 @@ def append_rates(path: Path, run: str, work: Path) -> tuple[float, float]:
     return journal_rate, floor_rate
 
 
+def pack_costs(path: Path, run: str, reps: int) -> dict[str, float]:
+    """The run's rows packed as the journal packs them (each after its block's window) vs
+    deflated with zlib's default tables (what the journal used first: their making dominated),
+    and unpacked: microseconds a row (medians of `reps`); and the `texts` bytes plain vs
+    stored."""
+    db = sqlite3.connect(path)
+    try:
+        key = db.execute("SELECT run_key FROM runs WHERE run_id = ?", (run,)).fetchone()[0]
+        rows = db.execute(
+            "SELECT seq, version, payload FROM events WHERE run_key = ? ORDER BY id", (key,)
+        ).fetchall()
+        texts = dict(db.execute("SELECT hash, body FROM texts").fetchall())
+    finally:
+        db.close()
+    by_seq = {s: (v, bytes(p)) for s, v, p in rows}
+    unpacker = packing.Unpacker(lambda _r, lo, hi: [(s, *by_seq[s]) for s in range(lo, hi)])
+    plains = [unpacker.plain(run, s, v, bytes(p)) for s, v, p in rows]
+    windows = [unpacker.window(run, s) for s, _v, _p in rows]
+    pairs = list(zip(plains, windows, strict=True))
+
+    def default(p: bytes, w: bytes) -> bytes:
+        c = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, w or b"\0")
+        return c.compress(p) + c.flush()
+
+    def per_row(fn: Any) -> float:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for p, w in pairs:
+                fn(p, w)
+            times.append((time.perf_counter() - t0) / len(pairs) * 1e6)
+        return statistics.median(times)
+
+    stored = [packing.pack(p, w) for p, w in pairs]
+    packed_pairs = list(zip(stored, windows, strict=True))
+    unpack_times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for p, w in packed_pairs:
+            packing.unpack(p, w)
+        unpack_times.append((time.perf_counter() - t0) / len(pairs) * 1e6)
+    plain_of: dict[bytes, bytes] = {}
+
+    def text(digest: bytes, depth: int = 0) -> bytes:
+        if digest not in plain_of:
+            body = bytes(texts[ev.text_key(digest)])
+            plain_of[digest] = packing.plain_text(body, text, depth)
+        return plain_of[digest]
+
+    plain_texts = sum(len(text(bytes.fromhex(k.removeprefix(ev.TEXT_PREFIX)))) for k in texts)
+    return {
+        "pack_us": per_row(packing.pack),
+        "default_tables_us": per_row(default),
+        "unpack_us": statistics.median(unpack_times),
+        "texts_plain_bytes": plain_texts,
+        "texts_stored_bytes": sum(len(b) for b in texts.values()),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_output_options(p)
@@ -168,6 +229,7 @@ def main() -> None:
                     "append_events_per_s": jrate,
                     "floor_events_per_s": frate,
                     "append_ratio": jrate / frate,
+                    "packing": pack_costs(path, run, a.reps),
                 }
             )
         path = work / "heist4.db"
@@ -191,6 +253,13 @@ def _table(res: dict[str, Any]) -> None:
             f"heist seed 7, {h['steps']} steps: {h['bytes_per_step']:.0f} B/step on disk vs "
             f"{h['new_bytes_per_step']:.0f} new B/step = {h['step_ratio']:.2f}x "
             f"(target <= 2x: {'met' if ok else 'NOT met'})"
+        )
+        pk = h["packing"]
+        print(
+            f"  deflate a row {pk['pack_us']:.1f} us vs zlib's default tables"
+            f" {pk['default_tables_us']:.1f} us = {pk['pack_us'] / pk['default_tables_us']:.2f}x,"
+            f" unpack {pk['unpack_us']:.1f} us; texts {pk['texts_plain_bytes']} B plain,"
+            f" {pk['texts_stored_bytes']} B stored"
         )
         branches = ", ".join(f"{k}: {v / 1024:.1f} KiB" for k, v in h["branch_bytes"].items())
         print(f"  bytes per forked branch (resample) {branches}")

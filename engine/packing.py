@@ -41,8 +41,9 @@ def is_packed(stored: bytes) -> bool:
 
 def _deflate(data: bytes, zdict: bytes) -> bytes:
     # a 16 KiB window and small hash tables (memLevel 4): a compressor is made per row, and
-    # zeroing zlib's default tables (~300 KB) took 40 us of its 60; the output is the same size
-    # on the heists measured, and any raw deflate inflates with the reader's 32 KiB window
+    # zlib's default tables are ~270 KB to allocate for it (55 us a row in a fresh process,
+    # the same as these in bench_compact's, whose allocator reuses them); the output is the
+    # same size on the heists measured, and any raw deflate inflates with a 32 KiB window
     if zdict:
         c = zlib.compressobj(LEVEL, zlib.DEFLATED, -14, 4, zlib.Z_DEFAULT_STRATEGY, zdict)
     else:
