@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import structlog
 from freezegun import freeze_time
+from journal_helpers import ROOT, car
 
 from engine import events as ev
 from engine.errors import ConfigError
@@ -22,17 +23,6 @@ from engine.policies.base import AgentView, Completion
 from engine.policies.registry import make_policy
 from engine.runtime.control import ControlChannel
 from engine.runtime.seeds import step_seed
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def car(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "--journal", str(journal), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
 
 
 @freeze_time("2026-05-01 12:00:00")
