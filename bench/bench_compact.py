@@ -9,7 +9,8 @@ embedded sim policy, it prints:
     target: car state <= 0.35 s;
   * append of the heist's events through Journal.append vs raw sqlite3 inserting the same
     payloads into a plain integer-keyed table, one transaction per step, side by side (each
-    --reps times, alternately; the medians) — target: append >= 0.6x the floor.
+    --reps times, alternately; the medians) — target: append >= 0.6x the floor; beside them
+    append with its stored-form pass and read-back check ablated (what the rest costs).
 
     python bench/bench_compact.py [--json]
 """
@@ -26,6 +27,7 @@ import time
 import zlib
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from common import add_output_options, emit, environment, loadavg, remove_db, say, work_dir
 
@@ -102,8 +104,23 @@ def process_time(args: list[str], reps: int) -> float:
     return statistics.median(times)
 
 
-def append_rates(path: Path, run: str, work: Path) -> tuple[float, float]:
-    """events/s: Journal.append of the run's steps vs raw sqlite3 into an integer-keyed table."""
+def _journal_rate(target: Path, steps: list[list[ev.AnyEvent]], events: int) -> float:
+    """events/s of Journal.append writing `steps` into a fresh journal at `target`."""
+    remove_db(target)
+    with Journal(target) as j:
+        rid = j.create_run("bench")
+        head = 0
+        t0 = time.perf_counter()
+        for group in steps:
+            head = j.append(rid, group, head)
+        return events / (time.perf_counter() - t0)
+
+
+def append_rates(path: Path, run: str, work: Path) -> tuple[float, float, float]:
+    """events/s: Journal.append of the run's steps vs raw sqlite3 into an integer-keyed table;
+    and Journal.append with its stored-form pass and read-back check ablated (compaction and
+    packing return their input, the check is a plain encode: what the rest of append costs,
+    the hash chain, the transaction, the lease and the bookkeeping; a throwaway file)."""
     with Journal(path, readonly=True) as j:
         events = j.events(run)
     steps: list[list[ev.AnyEvent]] = []
@@ -112,15 +129,13 @@ def append_rates(path: Path, run: str, work: Path) -> tuple[float, float]:
             steps[-1].append(e)
         else:
             steps.append([e])
-    target = work / "append.db"
-    remove_db(target)
-    with Journal(target) as j:
-        rid = j.create_run("bench")
-        head = 0
-        t0 = time.perf_counter()
-        for group in steps:
-            head = j.append(rid, group, head)
-        journal_rate = len(events) / (time.perf_counter() - t0)
+    journal_rate = _journal_rate(work / "append.db", steps, len(events))
+    with (
+        mock.patch.object(ev.Compactor, "compact", lambda _self, _seq, payload: payload),
+        mock.patch.object(packing.Unpacker, "pack_rows", lambda _self, _r, _s, p: list(p)),
+        mock.patch.object(ev, "encode_checked", ev.encode),
+    ):
+        ablated_rate = _journal_rate(work / "ablated.db", steps, len(events))
     floor = work / "floor.db"
     remove_db(floor)
     db = sqlite3.connect(floor, isolation_level=None)
@@ -135,7 +150,7 @@ def append_rates(path: Path, run: str, work: Path) -> tuple[float, float]:
         db.execute("COMMIT")
     floor_rate = len(events) / (time.perf_counter() - t0)
     db.close()
-    return journal_rate, floor_rate
+    return journal_rate, floor_rate, ablated_rate
 
 
 def pack_costs(path: Path, run: str, reps: int) -> dict[str, float]:
@@ -218,6 +233,7 @@ def main() -> None:
             rates = [append_rates(path, run, work) for _ in range(a.reps)]
             jrate = statistics.median(r[0] for r in rates)
             frate = statistics.median(r[1] for r in rates)
+            arate = statistics.median(r[2] for r in rates)
             res["heists"].append(
                 {
                     "rounds": rounds,
@@ -229,6 +245,8 @@ def main() -> None:
                     "append_events_per_s": jrate,
                     "floor_events_per_s": frate,
                     "append_ratio": jrate / frate,
+                    "ablated_events_per_s": arate,
+                    "ablated_ratio": arate / frate,
                     "packing": pack_costs(path, run, a.reps),
                 }
             )
@@ -268,6 +286,11 @@ def _table(res: dict[str, Any]) -> None:
             f"  append {h['append_events_per_s']:.0f} ev/s vs raw sqlite3 integer-keyed "
             f"{h['floor_events_per_s']:.0f} ev/s = {h['append_ratio']:.2f}x "
             f"(target >= 0.6x: {'met' if ok else 'NOT met'})"
+        )
+        print(
+            f"  append with the stored form and read-back check ablated (chain, transaction,"
+            f" lease, bookkeeping only) {h['ablated_events_per_s']:.0f} ev/s ="
+            f" {h['ablated_ratio']:.2f}x the floor"
         )
     t = res["process_s"]
     base = t["python -c pass"]
