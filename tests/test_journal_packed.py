@@ -498,3 +498,50 @@ def test_errors_of_packed_bytes_say_what_is_wrong(monkeypatch: pytest.MonkeyPatc
     alone = packing.pack_text(b"XXXX" * 200, None)
     assert packing.text_base(alone) is None
     assert packing.unpack_text(alone, None) == b"XXXX" * 200
+
+
+def test_a_block_read_is_kept_while_another_is_read() -> None:
+    """Reading a row of a second block keeps the first (far from the bound): coming back to
+    the first fetches nothing more."""
+    plains, rows, calls, fetch = _rows_and_fetch(3 * packing.BLOCK)
+    u = packing.Unpacker(fetch)
+    for s in (10, 70, 11, 71, 12):
+        assert u.plain("r", s, *rows[s]) == plains[s]
+    assert calls == [(0, 10), (64, 70)]
+
+
+def _text_chain(n: int) -> tuple[list[bytes], list[bytes], dict[bytes, bytes]]:
+    """`n` texts, each packed against the one before it (the first alone): their plain
+    bytes, stored bodies and digests (digest -> stored body)."""
+    plains = [f"text {i}: the crew meets at the docks at nine. ".encode() * 20 for i in range(n)]
+    digests = [bytes([i]) * 32 for i in range(n)]
+    stored = [packing.pack_text(plains[0], None)]
+    stored += [packing.pack_text(plains[i], (digests[i - 1], plains[i - 1])) for i in range(1, n)]
+    return plains, stored, dict(zip(digests, stored, strict=True))
+
+
+def test_plain_text_follows_its_base_chain_with_depth() -> None:
+    """plain_text asks for a base one depth further along (starting at 0), reads a chain of
+    MAX_TEXT_DEPTH texts in a row, and refuses one text more with its message."""
+    plains, stored, by_digest = _text_chain(packing.MAX_TEXT_DEPTH + 2)
+    asked: list[tuple[bytes, int]] = []
+
+    def base_of(digest: bytes, depth: int) -> bytes:
+        asked.append((digest, depth))
+        return packing.plain_text(by_digest[digest], base_of, depth)
+
+    assert packing.plain_text(stored[0], base_of) == plains[0]
+    assert asked == []
+    assert packing.plain_text(stored[2], base_of) == plains[2]
+    assert asked == [(bytes([1]) * 32, 1), (bytes([0]) * 32, 2)]
+    # the last text MAX_TEXT_DEPTH bases along is read at depth MAX_TEXT_DEPTH: no base more
+    longest = packing.MAX_TEXT_DEPTH
+    assert packing.plain_text(stored[longest], base_of) == plains[longest]
+    with pytest.raises(ValueError) as got:
+        packing.plain_text(stored[longest + 1], base_of)
+    assert str(got.value) == "it is packed against a chain of texts, or a cycle"
+    # a text with a base, read at the deepest depth allowed, is refused there and then
+    asked.clear()
+    with pytest.raises(ValueError, match="chain of texts"):
+        packing.plain_text(stored[1], base_of, packing.MAX_TEXT_DEPTH)
+    assert asked == []
