@@ -77,6 +77,13 @@ MODULES: dict[str, list[str]] = {
         "tests/test_known_answers.py",
         "tests/test_journal_verify.py",
         "tests/test_journal_packed.py",
+        "tests/test_journal_contract.py",
+        "tests/test_journal_rows.py",
+        "tests/test_journal_texts.py",
+        "tests/test_journal_refs.py",
+        "tests/test_journal_positional.py",
+        "tests/test_journal_open.py",
+        "tests/test_verify_findings.py",
     ],
     "engine/state.py": [
         "tests/test_state_mutants.py",
