@@ -34,10 +34,9 @@ KEY_OF = "(SELECT run_key FROM runs WHERE run_id = ?)"
 KEY_OF_PG = "(SELECT run_key FROM runs WHERE run_id = %s)"
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """A journal with a 200-step run (601 events, one snapshot at 512) and a branch of it."""
-    path = tmp_path_factory.mktemp("template") / "j.db"
+def build_template(path: Path) -> tuple[str, str]:
+    """A journal at `path` with a 200-step run (601 events, one snapshot at 512) and a branch
+    of it at seq 100 that goes on with a step of its own: (run, branch)."""
     with Journal(path) as j:
         run = record(j, 200)
         build_snapshots(j, run)
@@ -45,7 +44,14 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
         j.append(child, [ev.Intervention(step=33, op="resample", at=33), *step_events(33)], 100)
         j.append(child, [ev.RunEnded(status="completed")])
         j.checkpoint()
-    return path, run, child
+    return run, child
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """The journal of `build_template`."""
+    path = tmp_path_factory.mktemp("template") / "j.db"
+    return (path, *build_template(path))
 
 
 @pytest.fixture

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from test_journal_contract import record, step_events
-from test_journal_verify import KEY_OF, check, forge, raw
+from test_journal_contract import record
+from test_journal_verify import KEY_OF, build_template, check, forge, raw
 
 from engine import events as ev
 from engine import packing
 from engine.journal import Journal
-from engine.state import build_snapshots
 from engine.verify import VerifyReport, verify_journal
 
 Finding = tuple[str | None, int | None, str, str]
@@ -212,17 +211,10 @@ def test_a_v3_payload_that_does_not_parse_is_undecodable(tmp_path: Path) -> None
 
 @pytest.fixture(scope="module")
 def snapshotted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """A 200-step run with its snapshot at 512, and a branch at seq 100 that goes on with
-    a step of its own (its strings refer to the parent's)."""
+    """test_journal_verify's journal: a 200-step run with its snapshot at 512, and a branch
+    at seq 100 that goes on with a step of its own (its strings refer to the parent's)."""
     path = tmp_path_factory.mktemp("snapshotted") / "j.db"
-    with Journal(path) as j:
-        run = record(j, 200)
-        build_snapshots(j, run)
-        child = j.fork(run, 100)
-        j.append(child, [ev.Intervention(step=33, op="resample", at=33), *step_events(33)], 100)
-        j.append(child, [ev.RunEnded(status="completed")])
-        j.checkpoint()
-    return path, run, child
+    return (path, *build_template(path))
 
 
 def test_a_snapshot_stored_as_text_is_named(
