@@ -295,23 +295,25 @@ def table(res: dict[str, Any]) -> None:
                      f"{d['cpu_s']:.2f} / {c2['cpu_s']:.2f}", "", ""))  # fmt: skip
         rows.append((f"{steps} steps: -c 2 bound on 2 idle cores (cpu1 / (cpu2 / 2))",
                      f"{d['cpu_s'] / (c2['cpu_s'] / 2):.2f}x", "", ""))  # fmt: skip
-        workers = c2.get("worker_cpu_s")
-        if workers:
-            # per process: the command itself (everything but its workers) and each worker;
-            # a worker's share of the pool's time in jobs shows what waits (barriers, start-up)
+        procs = c2.get("worker_cpu_s")
+        if procs and len(procs) > 1:
+            # per process: the command (which runs branches too: procs[0] is its CPU in
+            # them) and each forked worker; the share of the batches' wall each spent in
+            # branches shows what waits (the write lock, the end of a batch, start-up)
+            in_jobs, workers = procs[0], procs[1:]
             parent = c2["cpu_s"] - sum(workers)
             per = " / ".join(f"{w:.2f}" for w in workers)
-            rows.append((f"{steps} steps: -c 2 CPU s per process: command / workers",
-                         f"{parent:.2f} / {per}", "", ""))  # fmt: skip
+            rows.append((f"{steps} steps: -c 2 CPU s per process: command (in branches) / worker",
+                         f"{parent:.2f} ({in_jobs:.2f}) / {per}", "", ""))  # fmt: skip
             busy = " / ".join(f"{b / c2['pool_wall_s']:.0%}" for b in c2["worker_busy_s"])
-            rows.append((f"{steps} steps: -c 2 workers in a job (share of the pool's wall)",
+            rows.append((f"{steps} steps: -c 2 in branches, share of the batches' wall",
                          busy, "", ""))  # fmt: skip
-            bound = d["cpu_s"] / (parent + max(workers))
+            bound = d["cpu_s"] / max(parent, *workers)
             rows.append((f"{steps} steps: -c 2 bound by the busiest process (cpu1 / max)",
                          f"{bound:.2f}x", "", ""))  # fmt: skip
-            # Amdahl: what the command's own process does (start-up, the run, the report)
-            # is serial; even with workers costing what the same branches cost inline
-            serial = min(parent, d["cpu_s"])
+            # Amdahl: what the command's own process does outside branches (start-up, the
+            # run, the report) is serial; even with branches costing what they cost at -c 1
+            serial = min(parent - in_jobs, d["cpu_s"])
             amdahl = d["cpu_s"] / (serial + (d["cpu_s"] - serial) / 2)
             rows.append((f"{steps} steps: default -c 2 bound by its serial part (Amdahl)",
                          f"{amdahl:.2f}x", "", ""))  # fmt: skip

@@ -501,7 +501,7 @@ def run_branch(
     opening = ev.Intervention(
         step=k, op=op_name(iv), at=k, value=iv_value(iv), branch_seed=branch_seed
     )
-    recorder = Recorder(journal, child, s_k, base.fork_seq, group_ms=BRANCH_GROUP_MS)
+    recorder = Recorder(journal, child, s_k, base.fork_seq, group_ms=BRANCH_GROUP_MS, leased=True)
     _open[child] = recorder
     try:
         recorder.append([opening])

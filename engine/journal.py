@@ -70,6 +70,8 @@ SEEDED_FORKS = 8
 # An event's primary key is run_key * SPAN + seq: a run's events are one range of the rowid
 # B-tree (SQLite), found and appended to without a second index.
 SPAN = 2**32
+#: How long a SQLite writer waits for the write lock before it gives up (seconds).
+BUSY_TIMEOUT_S = 30
 
 
 def default_journal_url() -> str:
@@ -279,6 +281,8 @@ class Journal:
         self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
         self._recent_src: list[Any] | None = None
         self._in_tx = False
+        # other processes write this SQLite file at the same time (a pool's workers)
+        self.parallel_writers = False
         # v6: the plain (v5) bytes of packed rows, by block (engine/packing.py)
         self._unpacker = packing.Unpacker(self._fetch_own, lock=self._lock)
         # run -> (first seq, plain bytes) of the rows of the append in progress
@@ -330,15 +334,15 @@ class Journal:
                     f"{path.as_uri()}?mode=ro",
                     uri=True,
                     isolation_level=None,
-                    timeout=30,
+                    timeout=BUSY_TIMEOUT_S,
                     check_same_thread=False,
                 )
                 conn.execute("PRAGMA query_only=ON")
             else:
                 conn = sqlite3.connect(
-                    path, isolation_level=None, timeout=30, check_same_thread=False
+                    path, isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False
                 )
-            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             current = self._sqlite_revision(conn)
         except sqlite3.DatabaseError as e:
             with contextlib.suppress(Exception):
@@ -471,7 +475,7 @@ class Journal:
             self._in_tx = True
             try:
                 if self.is_sqlite:
-                    cur.execute("BEGIN IMMEDIATE")
+                    self._begin_immediate(cur)
                 yield cur
                 if self.is_sqlite:
                     cur.execute("COMMIT")
@@ -487,6 +491,31 @@ class Journal:
             finally:
                 self._in_tx = False
                 cur.close()
+
+    def _begin_immediate(self, cur: Any) -> None:
+        """Take SQLite's write lock. A writer among others (`parallel_writers`) polls for it
+        every 50 us to 1 ms: SQLite's own busy handler first waits 1 ms, then 2, 5, 10...,
+        where a branch's transaction holds the lock for a tenth of that."""
+        if not self.parallel_writers:
+            cur.execute("BEGIN IMMEDIATE")
+            return
+        cur.execute("PRAGMA busy_timeout=0")
+        try:
+            delay = 0.00005
+            deadline = time.monotonic() + BUSY_TIMEOUT_S
+            while True:
+                try:
+                    cur.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as e:
+                    if getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.001)
+        finally:
+            cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Any]:

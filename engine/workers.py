@@ -17,6 +17,7 @@ Three promises, whatever moment the user presses Ctrl-C or kills the command:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import multiprocessing as mp
@@ -194,8 +195,11 @@ class WorkerPool:
         #: per worker: seconds spent in jobs, and its CPU seconds so far (from its replies)
         self.busy_s = [0.0] * workers
         self.cpu_s = [0.0] * workers
-        #: seconds the parent spent in run() (handing out items and waiting for results)
+        #: seconds the parent spent in run() (handing out items and waiting for results), and
+        #: in the items it ran itself
         self.wall_s = 0.0
+        self.local_busy_s = 0.0
+        self.local_cpu_s = 0.0
         for _ in range(workers):
             mine, theirs = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(os.getpid(), theirs, setup))
@@ -208,34 +212,61 @@ class WorkerPool:
         return [p.pid for p in self._procs if p.pid is not None]
 
     def run(
-        self, fn: Callable[[_T], _R], items: Iterable[_T], on_done: Callable[[int, _R], None]
+        self,
+        fn: Callable[[_T], _R],
+        items: Iterable[_T],
+        on_done: Callable[[int, _R], None],
+        local: Callable[[_T], _R] | None = None,
     ) -> None:
-        """Run fn over items; on_done(index, result) as each finishes. On a stop request the
-        workers are told to stop their branches and Interrupted is raised."""
+        """Run fn over items; on_done(index, result) as each finishes. With `local`, this
+        process takes items too (local(item), between handing out the others). On a stop
+        request the workers are told to stop their branches and Interrupted is raised."""
         started = time.perf_counter()
         try:
-            self._run(fn, items, on_done)
+            self._run(fn, items, on_done, local)
         finally:
             self.wall_s += time.perf_counter() - started
 
     def _run(
-        self, fn: Callable[[_T], _R], items: Iterable[_T], on_done: Callable[[int, _R], None]
+        self,
+        fn: Callable[[_T], _R],
+        items: Iterable[_T],
+        on_done: Callable[[int, _R], None],
+        local: Callable[[_T], _R] | None,
     ) -> None:
-        todo = list(enumerate(items))
-        todo.reverse()
-        busy: dict[Connection, int] = {}
-        idle = list(self._conns)
+        # workers take items from the front, this process (with `local`) from the back
+        todo = collections.deque(enumerate(items))
+        # per worker, the indexes handed to it and not answered yet, in its order
+        queued: dict[Connection, collections.deque[int]] = {
+            conn: collections.deque() for conn in self._conns
+        }
         slot = {conn: i for i, conn in enumerate(self._conns)}
-        while todo or busy:
-            while todo and idle:
-                conn = idle.pop()
+        # a worker beside a busy parent holds a second item, so that it never waits for the
+        # parent to hand it its next one
+        depth = 2 if local is not None else 1
+        while todo or any(queued.values()):
+            for conn, mine in queued.items():
+                while todo and len(mine) < (depth if len(todo) > 1 else 1):
+                    index, item = todo.popleft()
+                    conn.send((fn, item))
+                    mine.append(index)
+            waiting = [conn for conn, mine in queued.items() if mine]
+            if local is not None and todo:
                 index, item = todo.pop()
-                conn.send((fn, item))
-                busy[conn] = index
-            ready = mp_connection.wait(list(busy), timeout=POLL)
+                t0, c0 = time.perf_counter(), time.process_time()
+                try:
+                    value = local(item)
+                finally:
+                    self.local_busy_s += time.perf_counter() - t0
+                    self.local_cpu_s += time.process_time() - c0
+                on_done(index, value)
+                timeout = 0.0
+            else:
+                timeout = POLL
+            ready = mp_connection.wait(waiting, timeout=timeout) if waiting else []
             for ready_conn in ready:
                 conn = cast(Connection, ready_conn)
-                index = busy.pop(conn)
+                index = queued[conn].popleft()
                 try:
                     ok, value, busy_s, cpu_s = conn.recv()
                 except (EOFError, OSError) as e:
@@ -244,7 +275,6 @@ class WorkerPool:
                     raise EngineError("a worker process died while running a branch") from e
                 self.busy_s[slot[conn]] += busy_s
                 self.cpu_s[slot[conn]] = cpu_s
-                idle.append(conn)
                 if not ok:
                     raise value
                 on_done(index, value)

@@ -60,19 +60,24 @@ def test_shapley_rerun_reuses_its_branches(journal: tuple[Journal, str]) -> None
 
 
 def test_one_worker_pool_serves_every_batch(journal: tuple[Journal, str]) -> None:
-    """With -c 2 the same two worker processes run every batch of the command."""
+    """With -c 2 the command and the same one worker process run every batch of the
+    command, both taking branches of each batch."""
     j, run = journal
     with BranchForwardModel(j, run, concurrency=2, reuse=False) as model:
         procs = model.runner._procs
         assert procs is not None
         pids = procs.pids()
-        assert len(pids) == 2
+        assert len(pids) == 1
         for seed in range(3):
+            before = (procs.local_busy_s, procs.busy_s[0])
             model.run_batch(
                 [ForwardRequest(keep=frozenset(range(20)), branch_seed=seed * 10 + i)
                  for i in range(4)]
             )  # fmt: skip
             assert procs.pids() == pids
+            assert procs.local_busy_s > before[0] and procs.busy_s[0] > before[1]
+        stats = model.executor_stats()
+        assert stats is not None and stats["workers"] == 2 and len(stats["busy_s"]) == 2
     assert model.forward_runs == 12
 
 

@@ -136,7 +136,9 @@ def test_ctrl_c_stops_quickly_and_closes_open_branches(
 
 def test_kill_9_of_attribute_leaves_no_worker(heist: tuple[Path, str]) -> None:
     """SIGKILL of `car attribute -c 2` (nothing can run in the killed process): its worker
-    processes notice and exit within a few seconds, closing their branches as stopped."""
+    process notices and exits within a few seconds, closing its branch as stopped; the branch
+    the command was running itself reads as abandoned (its writer is gone), never as
+    recording."""
     journal, run = heist
     for attempt in range(3):
         before = branch_count(journal, run)
@@ -148,7 +150,7 @@ def test_kill_9_of_attribute_leaves_no_worker(heist: tuple[Path, str]) -> None:
             journal, "attribute", run, "--all-steps", "--seed", str(600 + attempt), "-c", "2"
         )
         wait_for_branches(journal, run, before, proc)
-        assert len(session_pids(proc.pid)) >= 3  # the command and its two workers
+        assert len(session_pids(proc.pid)) >= 2  # the command and its worker
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         left = gone_within(proc.pid, 3.0)

@@ -60,10 +60,12 @@ class ExecutorStats(msgspec.Struct):
     lost: int = 0
     #: half-run branches of lost workers closed as stopped in the journal
     closed: int = 0
-    #: local worker processes: seconds each spent running jobs, and its CPU seconds
+    #: local processes: seconds each spent running jobs, and its CPU seconds (the command's
+    #: own process first, its CPU seconds in jobs; then each forked worker's)
     busy_s: list[float] | None = None
     cpu_s: list[float] | None = None
-    #: local worker processes: seconds the command spent handing out jobs and waiting
+    #: local processes: seconds the command spent in its batches (its own jobs, handing out
+    #: the others and waiting for them)
     wall_s: float | None = None
 
 

@@ -35,6 +35,8 @@ def _process_job(item: tuple[str, str, Job, Any]) -> BranchResult:
     if j is None:
         # one journal per worker process: opening checks the schema, which is not free
         j = _worker_journals[target] = Journal(target)
+        # its siblings write the same file at the same time
+        j.parallel_writers = True
     return job(j, _inherited[run_id], arg)
 
 
@@ -56,10 +58,10 @@ class LocalExecutor:
         self._workers = 1
         if mode == "processes":
             self._workers = min(concurrency, os.cpu_count() or 1)
-            if parent is not None:
+            if parent is not None and self._workers > 1:
                 # before the fork: the workers inherit the parent and the bases computed so far
                 _inherited[parent.run_id] = parent
-                self._procs = WorkerPool(self._workers)
+                self._procs = WorkerPool(self._workers - 1)
         elif mode == "threads":
             self._workers = concurrency
 
@@ -70,8 +72,8 @@ class LocalExecutor:
         return ExecutorStats(
             name=self.name,
             workers=self._workers,
-            busy_s=[round(b, 4) for b in pool.busy_s],
-            cpu_s=[round(c, 4) for c in pool.cpu_s],
+            busy_s=[round(b, 4) for b in (pool.local_busy_s, *pool.busy_s)],
+            cpu_s=[round(c, 4) for c in (pool.local_cpu_s, *pool.cpu_s)],
             wall_s=round(pool.wall_s, 4),
         )
 
@@ -84,13 +86,21 @@ class LocalExecutor:
         on_done: OnDone,
         labels: Collection[str] = (),
     ) -> None:
-        if self.mode == "processes":
+        if self.mode == "processes" and self._workers > 1:
+            # this process runs branches too, beside `concurrency - 1` forked workers: it
+            # holds what the branches need already (the bases, the journal's caches)
             if self._procs is None:
                 _inherited[parent.run_id] = parent
-                self._procs = WorkerPool(self._workers)
+                self._procs = WorkerPool(self._workers - 1)
             target = str(journal.path) if journal.path is not None else journal.url
             items = [(target, parent.run_id, job, a) for a in args]
-            self._procs.run(_process_job, items, on_done)
+            before, journal.parallel_writers = journal.parallel_writers, True
+            try:
+                self._procs.run(
+                    _process_job, items, on_done, local=lambda item: job(journal, parent, item[3])
+                )
+            finally:
+                journal.parallel_writers = before
         elif self.mode == "threads":
             if self._threads is None:
                 # as wide as the bound: a default pool would silently cap the concurrency
@@ -105,7 +115,7 @@ class LocalExecutor:
                     # running branches stop at their next step; give them a moment
                     cf.wait(pending, timeout=GRACE)
                     raise Interrupted()
-        else:
+        else:  # inline, or processes on one CPU
             for i, a in enumerate(args):
                 on_done(i, job(journal, parent, a))
                 check()

@@ -43,7 +43,10 @@ class Recorder:
         *,
         group_ms: float = 0.0,
         timer: Callable[[], float] = time.monotonic,
+        leased: bool = False,
     ) -> None:
+        """`leased`: this process has just created the run (`Journal.create_run` gave it the
+        lease), so taking the lease again would only cost a transaction."""
         self.journal = journal
         self.run_id = run_id
         self.state = state
@@ -55,7 +58,8 @@ class Recorder:
         self._snapshots: list[tuple[int, bytes]] = []
         self._last_commit = timer()
         self._ended = threading.Event()
-        journal.acquire_lease(run_id)
+        if not leased:
+            journal.acquire_lease(run_id)
         _start_heartbeat(self)
 
     def append(self, events: Sequence[ev.Event]) -> State:
