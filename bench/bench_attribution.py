@@ -24,9 +24,10 @@ import time
 
 import numpy as np
 
-from engine.attribution import ForwardRequest, builtin_models, contrastive, shapley
+from engine.attribution import ForwardRequest, contrastive
 from engine.attribution.contrastive import _runs_for_half_width, wilson
-from engine.attribution.scm import SCM, seeds_array
+from engine.attribution.scm import SCM, builtin_models, seeds_array
+from engine.attribution.shapley import shapley
 from engine.attribution.validate import covers
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from engine.attribution import ForwardRequest, builtin_models
-from engine.attribution.scm import SCM
+from engine.attribution import ForwardRequest
+from engine.attribution.scm import SCM, builtin_models
 
 MODELS = {m.name: m for m in builtin_models()}
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.attribution import builtin_models, contrastive, load_scm, shapley, validate
-from engine.attribution.scm import SCM
-from engine.attribution.validate import covers
+from engine.attribution import contrastive
+from engine.attribution.scm import SCM, builtin_models, load_scm
+from engine.attribution.shapley import shapley
+from engine.attribution.validate import covers, validate
 
 MODELS = {m.name: m for m in builtin_models()}
 SEEDS = range(200)

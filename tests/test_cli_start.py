@@ -218,14 +218,16 @@ def test_plain_values_convert_as_typer_own_converter_does(
     assert accepted > 0
 
 
-def test_contrastive_attribution_does_not_load_scipy() -> None:
-    """The modules of the default `car attribute` (contrastive) load no SciPy: its start-up is
-    serial time in front of every worker pool (only Shapley's t quantile needs SciPy)."""
+def test_contrastive_attribution_does_not_load_scipy_or_numpy() -> None:
+    """The modules of the default `car attribute` (contrastive) load neither SciPy nor numpy:
+    its start-up is serial time in front of every worker pool (only Shapley's t quantile needs
+    SciPy, its permutations numpy; the branch seeds are numpy's stream drawn in Python)."""
     probe = (
         "import sys, engine.commands.counterfactual, engine.branching, engine.attribution.report;"
         "from engine.attribution.contrastive import wilson, z_value;"
-        "z_value(0.05); wilson(3, 16, 0.05);"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))"
+        "from engine.attribution.pcg import SeedStream;"
+        "z_value(0.05); wilson(3, 16, 0.05); SeedStream(0).integers(0, 2**63, 16);"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'numpy'}))"
     )
     res = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True

@@ -8,8 +8,9 @@ import pytest
 from attribution_helpers import MODELS, Recording
 from scipy.stats import binomtest
 
-from engine.attribution import contrastive, load_scm
+from engine.attribution import contrastive
 from engine.attribution.contrastive import adaptive_schedule, wilson
+from engine.attribution.scm import load_scm
 from engine.errors import ConfigError
 
 

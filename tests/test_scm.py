@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import kstest
 
-from engine.attribution import ForwardRequest, builtin_models, find_model, load_scm
+from engine.attribution import ForwardRequest
 from engine.attribution.base import players_of
 from engine.attribution.expr import compile_expr
-from engine.attribution.scm import SCM, seeds_array, uniforms
+from engine.attribution.scm import SCM, builtin_models, find_model, load_scm, seeds_array, uniforms
 from engine.errors import ConfigError, InterventionError
 
 MODELS = {m.name: m for m in builtin_models()}

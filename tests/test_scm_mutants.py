@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.attribution import ForwardRequest, builtin_models, load_scm
-from engine.attribution.scm import model_summary, seeds_array, uniforms
+from engine.attribution import ForwardRequest
+from engine.attribution.scm import builtin_models, load_scm, model_summary, seeds_array, uniforms
 from engine.errors import ConfigError, InterventionError
 
 MASK = (1 << 64) - 1

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from attribution_helpers import MODELS, Recording
 
-from engine.attribution import ForwardRequest, players_of, shapley
-from engine.attribution.shapley import estimate_value
+from engine.attribution import ForwardRequest, players_of
+from engine.attribution.shapley import estimate_value, shapley
 from engine.errors import ConfigError
 
 

@@ -15,9 +15,8 @@ import pytest
 from attribution_helpers import MODELS, Recording, Rule
 from scipy import stats
 
-from engine.attribution import shapley
 from engine.attribution.base import Player
-from engine.attribution.shapley import _values, estimate_value
+from engine.attribution.shapley import _values, estimate_value, shapley
 from engine.errors import ConfigError
 
 

@@ -15,8 +15,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine.attribution import contrastive, shapley
+from engine.attribution import contrastive
 from engine.attribution.scm import EXACT_TOLERANCE, builtin_models, load_scm
+from engine.attribution.shapley import shapley
 from engine.attribution.validate import covers, family_rule, model_rng, validate
 from engine.errors import ConfigError
 

@@ -2,6 +2,12 @@
 
 Estimators (`contrastive`, `shapley`) are generic over any `ForwardModel`; synthetic SCMs
 (`scm`) are forward models with exact ground truth, and `validate` compares the two.
+
+The package itself exports what the default `car attribute` uses (the forward-model contract
+and the contrastive estimator), which needs no numpy: numpy's import is 0.1 s of serial
+start-up in front of every worker pool. Shapley (`engine.attribution.shapley`), the SCMs
+(`engine.attribution.scm`) and validation (`engine.attribution.validate`) need numpy and are
+imported from their own modules.
 """
 
 from engine.attribution.base import (
@@ -18,29 +24,16 @@ from engine.attribution.contrastive import (
     StepEffect,
     contrastive,
 )
-from engine.attribution.scm import SCM, builtin_models, find_model, load_scm, model_summary
-from engine.attribution.shapley import PlayerValue, ShapleyResult, shapley
-from engine.attribution.validate import ValidationReport, validate
 
 __all__ = [
-    "SCM",
     "ContrastiveMode",
     "ContrastiveResult",
     "ForwardModel",
     "ForwardRequest",
     "Player",
-    "PlayerValue",
     "PlayersKind",
     "Progress",
-    "ShapleyResult",
     "StepEffect",
-    "ValidationReport",
-    "builtin_models",
     "contrastive",
-    "find_model",
-    "load_scm",
-    "model_summary",
     "players_of",
-    "shapley",
-    "validate",
 ]

@@ -57,10 +57,9 @@ import math
 from collections.abc import Sequence
 from enum import StrEnum
 from statistics import NormalDist
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
-import numpy as np
 
 from engine.attribution.base import (
     ForwardModel,
@@ -71,7 +70,17 @@ from engine.attribution.base import (
 )
 from engine.errors import ConfigError
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from engine.attribution.pcg import SeedStream
+
 _SEED_BOUND = 2**63
+
+
+#: Where branch seeds come from: `engine.attribution.pcg.SeedStream`, or a numpy Generator
+#: (the same draws for the same seed)
+IntegerSource = Union["SeedStream", "np.random.Generator"]
 
 
 class ContrastiveMode(StrEnum):
@@ -250,7 +259,7 @@ def _runs_for_half_width(target: float, alpha: float, worst_case: bool) -> int:
 def contrastive(
     model: ForwardModel,
     *,
-    rng: np.random.Generator,
+    rng: IntegerSource,
     mode: str | ContrastiveMode = ContrastiveMode.ADAPTIVE,
     k: int = 100,
     confidence: float = 0.95,
@@ -325,7 +334,7 @@ class _Runner:
     """Issues the forward runs of one estimate: seeds, batching, the progress count."""
 
     def __init__(
-        self, model: ForwardModel, rng: np.random.Generator, crn: bool, progress: Progress | None
+        self, model: ForwardModel, rng: IntegerSource, crn: bool, progress: Progress | None
     ) -> None:
         self.model = model
         self.rng = rng

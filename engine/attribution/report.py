@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import numpy as np
-
 from engine.attribution.base import ForwardModel, PlayersKind, Progress
 from engine.attribution.contrastive import ContrastiveMode, contrastive
-from engine.attribution.shapley import shapley
+from engine.attribution.pcg import SeedStream
 
 
 class ReportedModel(ForwardModel, Protocol):
@@ -34,12 +32,12 @@ def attribution_report(
 ) -> dict[str, Any]:
     """The attribution of one run as plain data (what the CLI prints and `--json` emits):
     contrastive effects per step with the locus, or Shapley values per player."""
-    rng = np.random.default_rng(seed)
     out: dict[str, Any] = {"run_id": run_id, "method": method, "seed": seed}
     if method == "contrastive":
         res = contrastive(
             model,
-            rng=rng,
+            # np.random.default_rng(seed)'s draws, without importing numpy
+            rng=SeedStream(seed),
             mode=ContrastiveMode.FIXED if k is not None else ContrastiveMode.ADAPTIVE,
             k=k or 100,
             target_half_width=half_width,
@@ -73,6 +71,11 @@ def attribution_report(
             }
         )
         return out
+    import numpy as np
+
+    from engine.attribution.shapley import shapley
+
+    rng = np.random.default_rng(seed)
     res_s = shapley(model, rng=rng, players=kind, budget=budget, progress=progress)
     data = res_s.to_dict()
     rows = []
