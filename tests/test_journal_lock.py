@@ -28,6 +28,13 @@ def _hold_lock(path: Path) -> sqlite3.Connection:
     return other
 
 
+def _one_step(j: Journal, parallel: bool) -> tuple[str, int]:
+    """A run of one step in `j`, whose writer is `parallel` or not: (run, head)."""
+    j.parallel_writers = parallel
+    run = j.create_run("test")
+    return run, j.append(run, _say(0), 0)
+
+
 def _busy_timeout(j: Journal) -> int:
     return int(j._conn.execute("PRAGMA busy_timeout").fetchone()[0])
 
@@ -38,9 +45,7 @@ def test_a_writer_waits_for_the_lock_then_appends(tmp_path: Path, parallel: bool
     writes its step whole; the connection's busy timeout is what it was."""
     path = tmp_path / "j.db"
     with Journal(path) as j:
-        j.parallel_writers = parallel
-        run = j.create_run("test")
-        head = j.append(run, _say(0), 0)
+        run, head = _one_step(j, parallel)
         other = _hold_lock(path)
         release = threading.Timer(0.15, lambda: other.execute("COMMIT"))
         release.start()
@@ -63,9 +68,7 @@ def test_a_parallel_writer_gives_up_at_the_deadline(
     monkeypatch.setattr(journal_mod, "BUSY_TIMEOUT_S", 0.3)
     path = tmp_path / "j.db"
     with Journal(path) as j:
-        j.parallel_writers = True
-        run = j.create_run("test")
-        head = j.append(run, _say(0), 0)
+        run, head = _one_step(j, True)
         other = _hold_lock(path)
         t0 = time.perf_counter()
         with pytest.raises(sqlite3.OperationalError, match="locked"):
