@@ -281,7 +281,8 @@ class Journal:
         self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
         self._recent_src: list[Any] | None = None
         self._in_tx = False
-        # other processes write this SQLite file at the same time (a pool's workers)
+        # other processes write this SQLite file at the same time (a pool's workers; only
+        # ever set on a SQLite journal)
         self.parallel_writers = False
         # v6: the plain (v5) bytes of packed rows, by block (engine/packing.py)
         self._unpacker = packing.Unpacker(self._fetch_own, lock=self._lock)
@@ -474,8 +475,10 @@ class Journal:
             cur = self._conn.cursor()
             self._in_tx = True
             try:
-                if self.is_sqlite:
-                    self._begin_immediate(cur)
+                if self.parallel_writers:
+                    self._poll_write_lock(cur)
+                elif self.is_sqlite:
+                    cur.execute("BEGIN IMMEDIATE")
                 yield cur
                 if self.is_sqlite:
                     cur.execute("COMMIT")
@@ -492,13 +495,10 @@ class Journal:
                 self._in_tx = False
                 cur.close()
 
-    def _begin_immediate(self, cur: Any) -> None:
-        """Take SQLite's write lock. A writer among others (`parallel_writers`) polls for it
-        every 50 us to 1 ms: SQLite's own busy handler first waits 1 ms, then 2, 5, 10...,
-        where a branch's transaction holds the lock for a tenth of that."""
-        if not self.parallel_writers:
-            cur.execute("BEGIN IMMEDIATE")
-            return
+    def _poll_write_lock(self, cur: Any) -> None:
+        """BEGIN IMMEDIATE for a SQLite writer among others (`parallel_writers`): it polls for
+        the lock every 50 us to 1 ms, where SQLite's own busy handler first waits 1 ms, then
+        2, 5, 10..., and a branch's transaction holds the lock for a tenth of that."""
         cur.execute("PRAGMA busy_timeout=0")
         try:
             delay = 0.00005
@@ -508,7 +508,8 @@ class Journal:
                     cur.execute("BEGIN IMMEDIATE")
                     return
                 except sqlite3.OperationalError as e:
-                    if getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+                    # SQLITE_BUSY, or one of its extended codes (BUSY_RECOVERY, ...)
+                    if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
                         raise
                     if time.monotonic() >= deadline:
                         raise

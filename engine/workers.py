@@ -186,7 +186,8 @@ def _worker_main(parent: int, conn: Connection, setup: Callable[[], None] | None
 class WorkerPool:
     """Processes that live for one command (created once, reused by every batch) and die
     with it. Forked, so they inherit what the parent prepared (e.g. the branch bases); each
-    has its own pipe, and the parent hands out one item at a time to whichever is idle."""
+    has its own pipe, and the parent hands out items from the front of a batch as workers
+    become idle (two at a time while it runs items from the back itself, `run(local=...)`)."""
 
     def __init__(self, workers: int, setup: Callable[[], None] | None = None) -> None:
         ctx = mp.get_context("fork")

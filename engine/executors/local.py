@@ -59,11 +59,16 @@ class LocalExecutor:
         if mode == "processes":
             self._workers = min(concurrency, os.cpu_count() or 1)
             if parent is not None and self._workers > 1:
-                # before the fork: the workers inherit the parent and the bases computed so far
-                _inherited[parent.run_id] = parent
-                self._procs = WorkerPool(self._workers - 1)
+                self._start_pool(parent)
         elif mode == "threads":
             self._workers = concurrency
+
+    def _start_pool(self, parent: ParentInfo) -> WorkerPool:
+        """The forked workers beside this process; before the fork, so that they inherit the
+        parent and the branch bases computed so far."""
+        _inherited[parent.run_id] = parent
+        self._procs = WorkerPool(self._workers - 1)
+        return self._procs
 
     def stats(self) -> ExecutorStats:
         pool = self._procs
@@ -89,14 +94,12 @@ class LocalExecutor:
         if self.mode == "processes" and self._workers > 1:
             # this process runs branches too, beside `concurrency - 1` forked workers: it
             # holds what the branches need already (the bases, the journal's caches)
-            if self._procs is None:
-                _inherited[parent.run_id] = parent
-                self._procs = WorkerPool(self._workers - 1)
+            pool = self._procs or self._start_pool(parent)
             target = str(journal.path) if journal.path is not None else journal.url
             items = [(target, parent.run_id, job, a) for a in args]
             before, journal.parallel_writers = journal.parallel_writers, True
             try:
-                self._procs.run(
+                pool.run(
                     _process_job, items, on_done, local=lambda item: job(journal, parent, item[3])
                 )
             finally:
