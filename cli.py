@@ -460,42 +460,48 @@ lazy.defer(app)
 
 def main() -> None:
     """Entry point: engine errors and usage errors become one clean line and a non-zero exit."""
-    try:  # typer vendors click in recent releases; older ones use click itself
-        from typer._click import exceptions as click_exc
-    except ImportError:  # pragma: no cover
-        from click import exceptions as click_exc  # type: ignore[no-redef]
-
-    def hard_exit(message: str) -> None:
-        # engine.workers brings multiprocessing (~40 ms): imported only on an interrupt
-        from engine.workers import hard_exit as exit_now
-
-        exit_now(message)
-
-    # from here on Ctrl-C is a KeyboardInterrupt that the handlers below turn into one line
-    # (also while the command's own module is imported, which happens inside app())
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
     try:
-        rv = app(standalone_mode=False)
-    except click_exc.NoArgsIsHelpError as e:
-        if e.ctx is not None:
-            out.print(e.ctx.get_help(), highlight=False, markup=False)
-        sys.exit(0)
-    except click_exc.UsageError as e:
-        hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
-        fail(e.format_message() + hint, code=2)
-    except click_exc.ClickException as e:
-        fail(e.format_message())
-    except typer.Abort:
-        hard_exit("interrupted")
-    except EngineError as e:
-        fail(str(e))
-    except KeyboardInterrupt as e:
-        # no atexit hooks: they would wait for threads stuck in a network call
-        hard_exit(getattr(e, "message", "interrupted"))
-    if rv == 130:  # the CLI framework's answer to a KeyboardInterrupt: say so
-        hard_exit("interrupted")
-    sys.exit(rv if isinstance(rv, int) else 0)
+        try:  # typer vendors click in recent releases; older ones use click itself
+            from typer._click import exceptions as click_exc
+        except ImportError:  # pragma: no cover
+            from click import exceptions as click_exc  # type: ignore[no-redef]
+
+        def hard_exit(message: str) -> None:
+            # engine.workers brings multiprocessing (~40 ms): imported only on an interrupt
+            from engine.workers import hard_exit as exit_now
+
+            exit_now(message)
+
+        # from here on Ctrl-C is a KeyboardInterrupt that the handlers below turn into one line
+        # (also while the command's own module is imported, which happens inside app())
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        try:
+            rv = app(standalone_mode=False)
+        except click_exc.NoArgsIsHelpError as e:
+            if e.ctx is not None:
+                out.print(e.ctx.get_help(), highlight=False, markup=False)
+            sys.exit(0)
+        except click_exc.UsageError as e:
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            fail(e.format_message() + hint, code=2)
+        except click_exc.ClickException as e:
+            fail(e.format_message())
+        except typer.Abort:
+            hard_exit("interrupted")
+        except EngineError as e:
+            fail(str(e))
+        except KeyboardInterrupt as e:
+            # no atexit hooks: they would wait for threads stuck in a network call
+            hard_exit(getattr(e, "message", "interrupted"))
+        if rv == 130:  # the CLI framework's answer to a KeyboardInterrupt: say so
+            hard_exit("interrupted")
+        sys.exit(rv if isinstance(rv, int) else 0)
+    finally:
+        # the command is over (its output written, its journal committed) and the interpreter
+        # shuts down, putting back the default SIGINT handler: a Ctrl-C then would end the
+        # process by the signal, with no line. Ignored, the exit status stays the command's.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -298,3 +298,32 @@ def test_two_threads_ending_the_process_write_one_line() -> None:
     )
     assert res.returncode == 130
     assert res.stderr.splitlines() == ["interrupted"]
+
+
+def test_ctrl_c_as_the_command_ends_is_never_a_death_by_signal(heist: tuple[Path, str]) -> None:
+    """SIGINT in the last moments of a command, around the time it takes to run: its output is
+    written and its journal committed, and the interpreter is shutting down (when Python puts
+    back the default SIGINT handler). The exit is 0 (the work was done) or 130 with one line,
+    never death by the signal (-2) with no line. 30 signals spread over +-60 ms of the end."""
+    journal, run = heist
+    argv = ["fork", run, "--at", "2", "--do", "resample", "-n", "3"]
+    took = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        proc = start(journal, *argv)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        took.append(time.monotonic() - t0)
+    end = sorted(took)[1]
+    codes = []
+    for i in range(30):
+        proc = start(journal, *argv)
+        time.sleep(max(0.0, end - 0.06 + 0.004 * i))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+        codes.append(proc.returncode)
+        if proc.returncode == 130:
+            assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert all(c in (0, 130) for c in codes), codes
+    assert open_branches(journal, run) == []
