@@ -10,7 +10,9 @@ embedded sim policy, it prints:
   * append of the heist's events through Journal.append vs raw sqlite3 inserting the same
     payloads into a plain integer-keyed table, one transaction per step, side by side (each
     --reps times, alternately; the medians) — target: append >= 0.6x the floor; beside them
-    append with its stored-form pass and read-back check ablated (what the rest costs).
+    append with its stored-form pass and read-back check ablated (what the rest costs), and
+    raw sqlite3 writing the very rows append stored into the journal's own schema (what the
+    layout's SQL alone costs: no code writing it can be faster).
 
     python bench/bench_compact.py [--json]
 """
@@ -116,11 +118,55 @@ def _journal_rate(target: Path, steps: list[list[ev.AnyEvent]], events: int) -> 
         return events / (time.perf_counter() - t0)
 
 
-def append_rates(path: Path, run: str, work: Path) -> tuple[float, float, float]:
+def _rows_rate(target: Path, rows: list[list[tuple[Any, ...]]], events: int) -> float:
+    """events/s of raw sqlite3 inserting the rows `Journal.append` stored (id, run_key, seq,
+    step, kind, version, stored payload, hash) into a new journal of the same schema (its
+    CHECK, its append-only trigger, its foreign key), one BEGIN IMMEDIATE ... COMMIT a step,
+    as the journal does: the ceiling of any code that writes this layout."""
+    remove_db(target)
+    with Journal(target) as j:
+        j.create_run("bench")  # the same run_key: the rows' ids and foreign key hold
+    db = sqlite3.connect(target, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA foreign_keys=ON")
+        sql = (
+            "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        t0 = time.perf_counter()
+        for group in rows:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(sql, group)
+            db.execute("COMMIT")
+        return events / (time.perf_counter() - t0)
+    finally:
+        db.close()
+
+
+def _stored_rows(path: Path, steps: list[list[ev.AnyEvent]]) -> list[list[tuple[Any, ...]]]:
+    """The events rows of the one run in journal `path`, grouped as `steps` were appended."""
+    db = sqlite3.connect(path)
+    try:
+        flat = db.execute(
+            "SELECT id, run_key, seq, step, kind, version, payload, hash FROM events ORDER BY id"
+        ).fetchall()
+    finally:
+        db.close()
+    out: list[list[tuple[Any, ...]]] = []
+    for group in steps:
+        out.append(flat[: len(group)])
+        flat = flat[len(group) :]
+    return out
+
+
+def append_rates(path: Path, run: str, work: Path) -> tuple[float, float, float, float]:
     """events/s: Journal.append of the run's steps vs raw sqlite3 into an integer-keyed table;
-    and Journal.append with its stored-form pass and read-back check ablated (compaction and
+    Journal.append with its stored-form pass and read-back check ablated (compaction and
     packing return their input, the check is a plain encode: what the rest of append costs,
-    the hash chain, the transaction, the lease and the bookkeeping; a throwaway file)."""
+    the hash chain, the transaction, the lease and the bookkeeping; a throwaway file); and
+    raw sqlite3 writing the rows append stored into the journal's own schema (`_rows_rate`)."""
     with Journal(path, readonly=True) as j:
         events = j.events(run)
     steps: list[list[ev.AnyEvent]] = []
@@ -130,6 +176,7 @@ def append_rates(path: Path, run: str, work: Path) -> tuple[float, float, float]
         else:
             steps.append([e])
     journal_rate = _journal_rate(work / "append.db", steps, len(events))
+    rows_rate = _rows_rate(work / "rows.db", _stored_rows(work / "append.db", steps), len(events))
     with (
         mock.patch.object(ev.Compactor, "compact", lambda _self, _seq, payload: payload),
         mock.patch.object(packing.Unpacker, "pack_rows", lambda _self, _r, _s, p: list(p)),
@@ -150,7 +197,7 @@ def append_rates(path: Path, run: str, work: Path) -> tuple[float, float, float]
         db.execute("COMMIT")
     floor_rate = len(events) / (time.perf_counter() - t0)
     db.close()
-    return journal_rate, floor_rate, ablated_rate
+    return journal_rate, floor_rate, ablated_rate, rows_rate
 
 
 def pack_costs(path: Path, run: str, reps: int) -> dict[str, float]:
@@ -234,6 +281,7 @@ def main() -> None:
             jrate = statistics.median(r[0] for r in rates)
             frate = statistics.median(r[1] for r in rates)
             arate = statistics.median(r[2] for r in rates)
+            rrate = statistics.median(r[3] for r in rates)
             res["heists"].append(
                 {
                     "rounds": rounds,
@@ -247,6 +295,8 @@ def main() -> None:
                     "append_ratio": jrate / frate,
                     "ablated_events_per_s": arate,
                     "ablated_ratio": arate / frate,
+                    "own_rows_events_per_s": rrate,
+                    "own_rows_ratio": rrate / frate,
                     "packing": pack_costs(path, run, a.reps),
                 }
             )
@@ -291,6 +341,11 @@ def _table(res: dict[str, Any]) -> None:
             f"  append with the stored form and read-back check ablated (chain, transaction,"
             f" lease, bookkeeping only) {h['ablated_events_per_s']:.0f} ev/s ="
             f" {h['ablated_ratio']:.2f}x the floor"
+        )
+        print(
+            f"  raw sqlite3 writing the rows append stored, into the journal's own schema (the"
+            f" ceiling of this layout) {h['own_rows_events_per_s']:.0f} ev/s ="
+            f" {h['own_rows_ratio']:.2f}x the floor"
         )
     t = res["process_s"]
     base = t["python -c pass"]

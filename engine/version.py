@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
-from importlib import metadata
 
 
 @functools.cache
 def engine_version() -> str:
+    # importlib.metadata costs ~8 ms: only commands that record or print the version pay it
+    from importlib import metadata
+
     try:
         return metadata.version("causal-agent-replay")
     except metadata.PackageNotFoundError:

@@ -20,20 +20,22 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import multiprocessing as mp
-import multiprocessing.connection as mp_connection
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from multiprocessing.connection import Connection
 from types import FrameType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from engine.errors import EngineError
 from engine.runtime.control import ControlChannel
+
+if TYPE_CHECKING:
+    # multiprocessing itself is imported by the pool: a command that forks no worker never
+    # pays for it
+    from multiprocessing.connection import Connection
 
 #: Seconds a wind-down may take before the process ends without waiting any longer.
 GRACE = 0.8
@@ -190,6 +192,8 @@ class WorkerPool:
     become idle (two at a time while it runs items from the back itself, `run(local=...)`)."""
 
     def __init__(self, workers: int, setup: Callable[[], None] | None = None) -> None:
+        import multiprocessing as mp
+
         ctx = mp.get_context("fork")
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -235,6 +239,8 @@ class WorkerPool:
         on_done: Callable[[int, _R], None],
         local: Callable[[_T], _R] | None,
     ) -> None:
+        from multiprocessing import connection as mp_connection
+
         # workers take items from the front, this process (with `local`) from the back
         todo = collections.deque(enumerate(items))
         # per worker, the indexes handed to it and not answered yet, in its order
@@ -266,7 +272,7 @@ class WorkerPool:
                 timeout = POLL
             ready = mp_connection.wait(waiting, timeout=timeout) if waiting else []
             for ready_conn in ready:
-                conn = cast(Connection, ready_conn)
+                conn = cast("Connection", ready_conn)
                 index = queued[conn].popleft()
                 try:
                     ok, value, busy_s, cpu_s = conn.recv()

@@ -128,7 +128,8 @@ except SystemExit:
     pass
 heavy = ("pydantic", "sqlalchemy", "alembic", "scipy", "numpy", "engine.commands.counterfactual",
          "engine.commands.detect", "engine.commands.program", "engine.commands.traces",
-         "engine.commands.serve", "engine.heist.session")
+         "engine.commands.serve", "engine.heist.session", "rich", "yaml", "multiprocessing",
+         "importlib.metadata")
 sys.stderr.write("LOADED " + ",".join(m for m in heavy if m in sys.modules) + "\\n")
 """
 
@@ -136,17 +137,20 @@ sys.stderr.write("LOADED " + ",".join(m for m in heavy if m in sys.modules) + "\
 @pytest.mark.parametrize(
     ("argv", "allowed"),
     [
-        (["state", "RUN", "--at", "3"], set()),
+        (["state", "RUN", "--at", "3"], {"rich"}),
         (["state", "RUN", "--at", "3", "--json"], set()),
-        (["runs"], set()),
-        (["show", "RUN"], set()),
+        (["runs"], {"rich"}),
+        (["runs", "--json"], set()),
+        (["show", "RUN"], {"rich"}),
     ],
 )
 def test_short_commands_import_no_heavy_library(
     journal: tuple[Path, str], argv: list[str], allowed: set[str]
 ) -> None:
     """`car state`, `runs` and `show` import neither pydantic (typer's converter) nor
-    SQLAlchemy, Alembic, SciPy or another command's module."""
+    SQLAlchemy, Alembic, SciPy or another command's module; nor, unless they print for a
+    human, rich; nor YAML (no crew is parsed), multiprocessing (no worker is forked) or
+    importlib.metadata (no version is printed or recorded)."""
     path, run = journal
     args = [run if a == "RUN" else a for a in argv]
     res = subprocess.run(
@@ -160,7 +164,9 @@ def test_short_commands_import_no_heavy_library(
     assert loaded <= allowed, loaded
     assert res.stdout.strip(), res.stderr
     if "--json" in argv:
-        assert json.loads(res.stdout)["run_id"] == run
+        data = json.loads(res.stdout)
+        runs = data if isinstance(data, list) else [data]
+        assert run in {r["run_id"] for r in runs}
 
 
 def test_bad_values_keep_typer_own_messages(journal: tuple[Path, str]) -> None:
@@ -246,3 +252,66 @@ def test_normal_quantile_agrees_with_scipy() -> None:
     alphas += [i / 1000 for i in range(1, 1000)]
     for a in alphas:
         assert z_value(a) == pytest.approx(float(ndtri(1 - a / 2)), rel=1e-14), a
+
+
+_JSON_CASES = [
+    {"run_id": "abc", "effect": -0.05882352941176472, "ci": (-0.1, 0.0), "n": 3},
+    [{"text": "Bühne — “quoted” 東京 \u2028 tab\there", "nested": {"a": [1, 2.5, None, True]}}],
+    {1: "int key", "x": float("nan"), "y": float("inf"), "empty": {}, "list": []},
+    "a plain string",
+    [],
+]
+
+
+@pytest.mark.parametrize("data", _JSON_CASES)
+def test_json_into_a_pipe_is_what_rich_printed(
+    data: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`emit_json` writes to a pipe without rich, byte for byte what rich's print_json
+    wrote there (indented, nothing escaped that need not be, nothing wrapped)."""
+    from rich.console import Console
+
+    from engine.commands import common
+
+    for name in ("TTY_COMPATIBLE", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    common.emit_json(data)
+    ours = capsys.readouterr().out
+    Console(soft_wrap=True, width=40).print_json(json.dumps(data, default=str))
+    assert ours == capsys.readouterr().out
+    assert len(ours.splitlines()) >= 1
+
+
+@pytest.mark.parametrize(
+    ("env", "plain"),
+    [
+        ({}, True),
+        ({"FORCE_COLOR": "1"}, False),
+        ({"FORCE_COLOR": ""}, True),
+        ({"TTY_COMPATIBLE": "1"}, False),
+        ({"TTY_COMPATIBLE": "0", "FORCE_COLOR": "1"}, True),
+    ],
+)
+def test_no_terminal_is_told_as_rich_tells_it(
+    env: dict[str, str], plain: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where stdout/stderr is no terminal (a pipe here), JSON skips rich and the progress bar
+    is a do-nothing; the variables that make rich take a pipe for a terminal (FORCE_COLOR,
+    TTY_COMPATIBLE) bring rich back, as rich itself decides."""
+    from rich.console import Console
+
+    from engine.commands import common
+
+    for name in ("TTY_COMPATIBLE", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with subprocess.Popen(["cat"], stdin=subprocess.PIPE) as cat:
+        assert cat.stdin is not None
+        assert common._plain(cat.stdin) is plain
+        assert Console(file=cat.stdin).is_terminal is not plain
+        cat.stdin.close()
+    with common.progress() as bar:
+        task = bar.add_task("work", total=2)
+        bar.update(task, completed=1, total=2)
+    assert isinstance(bar, common._NoProgress) is common._plain(sys.stderr)

@@ -3,18 +3,58 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
 
 from engine.journal import Journal, default_journal_url
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich Console made on first use: importing rich costs ~20 ms of every start-up, and a
+    command that prints JSON into a pipe, or only an error line, never needs it."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
 # A pipe gets whole lines: rich would hard-wrap them at 80 columns, mid-word, when stdout is
 # not a terminal; soft wrapping leaves the wrapping to whatever reads the output.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = cast("Console", _LazyConsole(soft_wrap=True))
+err = cast("Console", _LazyConsole(stderr=True, soft_wrap=True))
+
+
+def _plain(stream: Any) -> bool:
+    """Whether rich would treat `stream` as no terminal (nothing to colour, nothing to
+    redraw), by the variables and the test rich's `Console.is_terminal` uses."""
+    compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if compatible in ("0", "1"):
+        return compatible == "0"
+    force = os.environ.get("FORCE_COLOR")
+    if force is not None:
+        return force == ""
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):
+        return True
+
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
@@ -39,7 +79,13 @@ def open_journal(create: bool = True, readonly: bool = False) -> Journal:
 
 
 def emit_json(data: Any) -> None:
-    out.print_json(json.dumps(data, default=str))
+    """`data` as JSON on stdout: indented; coloured on a terminal."""
+    text = json.dumps(data, default=str)
+    if _plain(sys.stdout):
+        # what rich's print_json writes to a pipe, byte for byte, without importing rich
+        sys.stdout.write(json.dumps(json.loads(text), indent=2, ensure_ascii=False) + "\n")
+    else:
+        out.print_json(text)
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -51,6 +97,8 @@ def fail(message: str, code: int = 1) -> None:
 
 def progress() -> Any:
     """A progress bar on stderr, shown only when stderr is a terminal (never mixed into --json)."""
+    if _plain(sys.stderr):
+        return _NoProgress()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     return Progress(
@@ -58,7 +106,30 @@ def progress() -> Any:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=err,
+        console=cast(_LazyConsole, err).console,  # rich needs the Console itself
         transient=True,
         disable=not err.is_terminal,
     )
+
+
+class _NoProgress:
+    """What `progress()` gives when stderr is no terminal: rich's Progress API, showing
+    nothing (as rich's disabled bar shows nothing), without importing rich."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, **_: Any) -> int:
+        return 0
+
+    def update(self, task: int, **_: Any) -> None:
+        return None
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        return None
+
+    def remove_task(self, task: int) -> None:
+        return None

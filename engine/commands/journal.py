@@ -78,8 +78,6 @@ def runs_cmd(
     A run whose writer process died before it ended shows as `abandoned`; `--close-stale`
     closes such runs in the journal (appending, like everything else), after which they can be
     forked and accused."""
-    from rich.table import Table
-
     from engine import projections as views
 
     closed: list[dict[str, str]] = []
@@ -100,6 +98,8 @@ def runs_cmd(
     if not rows:
         out.print("no runs yet: record one with `car heist`", highlight=False)
         return
+    from rich.table import Table
+
     table = Table(title=None, box=None, header_style="bold")
     # ids are what users copy into the next command: never cut them
     widest = max((2 * r["depth"] + len(r["run_id"]) for r in rows), default=12)

@@ -20,12 +20,16 @@ import functools
 import importlib.resources
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
-import yaml
 
 from engine.errors import ConfigError
 from engine.heist.tools import TOOL_NAMES
+
+if TYPE_CHECKING:
+    # imported at run time by the functions that parse a crew: ~8 ms of every start-up else
+    import yaml
 
 DEFAULT_CONFIG_NAME = "agents_config.yaml"
 DEFAULT_ROUNDS = 4  # rounds of round-robin turns in a default heist (6 agents -> 24 steps)
@@ -91,6 +95,8 @@ def _default_config() -> HeistConfig:
 
 def parse_agents_config(text: str, source: str = "<string>") -> HeistConfig:
     """Parse and validate a crew definition; `source` is used in error messages."""
+    import yaml
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
@@ -113,6 +119,8 @@ class _Validator:
         return ConfigError(f"{self.source}{where}: {message}")
 
     def config(self, root: yaml.Node | None) -> HeistConfig:
+        import yaml
+
         if root is None:
             raise self.error(None, "the file is empty; expected a mapping with 'agents'")
         if not isinstance(root, yaml.MappingNode):
@@ -149,6 +157,8 @@ class _Validator:
         return out
 
     def fields(self, node: yaml.MappingNode, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        import yaml
+
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR:
@@ -162,6 +172,8 @@ class _Validator:
         return out
 
     def agent(self, node: yaml.Node, index: int) -> AgentSpec:
+        import yaml
+
         what = f"agent #{index}"
         if not isinstance(node, yaml.MappingNode):
             raise self.error(node, f"{what} must be a mapping of {', '.join(_FIELDS)}")
@@ -186,6 +198,8 @@ class _Validator:
         return AgentSpec(name=name, role=role, goal=goal, tools=tools)
 
     def text(self, node: yaml.Node, what: str, field: str) -> str:
+        import yaml
+
         if not isinstance(node, yaml.ScalarNode) or node.tag != _STR:
             raise self.error(node, f"{what}: field {field!r} must be a string, got {_show(node)}")
         value = str(node.value).strip()
@@ -198,6 +212,8 @@ class _Validator:
         return value
 
     def tools(self, node: yaml.Node, what: str) -> tuple[str, ...]:
+        import yaml
+
         if not isinstance(node, yaml.SequenceNode):
             raise self.error(
                 node, f"{what}: field 'tools' must be a list of tool names, got {_show(node)}"
@@ -222,6 +238,8 @@ class _Validator:
 
 def _show(node: yaml.Node) -> str:
     """A short description of a node for error messages: the scalar itself, or its kind."""
+    import yaml
+
     std = "tag:yaml.org,2002:"
     if not node.tag.startswith(std) or node.tag[len(std) :] not in _CORE_TAGS:
         return f"a value tagged {node.tag.replace(std, '!!')!r}"
