@@ -494,6 +494,14 @@ def main() -> None:
         except KeyboardInterrupt as e:
             # no atexit hooks: they would wait for threads stuck in a network call
             hard_exit(getattr(e, "message", "interrupted"))
+        except Exception as e:
+            # a Ctrl-C that came out as another error (inside an import, say)
+            from engine.workers import interrupt_behind
+
+            ki = interrupt_behind(e)
+            if ki is None:
+                raise
+            hard_exit(getattr(ki, "message", "interrupted"))
         if rv == 130:  # the CLI framework's answer to a KeyboardInterrupt: say so
             hard_exit("interrupted")
         sys.exit(rv if isinstance(rv, int) else 0)

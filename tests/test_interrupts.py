@@ -327,3 +327,48 @@ def test_ctrl_c_as_the_command_ends_is_never_a_death_by_signal(heist: tuple[Path
             assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert all(c in (0, 130) for c in codes), codes
     assert open_branches(journal, run) == []
+
+
+def _set_name_interrupted() -> BaseException:
+    """What Python makes of a Ctrl-C that lands while a class body's descriptor is named (as
+    in rich's ConsoleThreadLocals, imported lazily by a command that prints): on 3.11 a
+    RuntimeError raised from the KeyboardInterrupt."""
+
+    class Named:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    try:
+        type("Owner", (), {"field": Named()})
+    except BaseException as e:  # noqa: BLE001 - whatever this Python makes of it
+        return e
+    raise AssertionError("__set_name__ was not called")
+
+
+def test_a_ctrl_c_that_came_out_as_another_error_is_found() -> None:
+    """`interrupt_behind` finds the KeyboardInterrupt behind such an error (its cause, or the
+    exception it was raised while handling), and nothing behind an ordinary error."""
+    from engine.workers import interrupt_behind
+
+    wrapped = _set_name_interrupted()
+    found = interrupt_behind(wrapped)
+    assert isinstance(found, KeyboardInterrupt)
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ImportError("half an import") from None
+    except ImportError as e:
+        # `from None` hides the context from tracebacks, but it is still the user's Ctrl-C
+        assert isinstance(interrupt_behind(e), KeyboardInterrupt)
+    try:
+        try:
+            raise ValueError("first")
+        except ValueError as inner:
+            raise RuntimeError("second") from inner
+    except RuntimeError as e:
+        assert interrupt_behind(e) is None
+    cyclic = RuntimeError("a")
+    other = RuntimeError("b")
+    cyclic.__context__, other.__context__ = other, cyclic
+    assert interrupt_behind(cyclic) is None
