@@ -33,7 +33,7 @@ from engine.commands.common import (
     options,
     out,
 )
-from engine.errors import EngineError
+from engine.errors import EngineError, interrupt_behind
 from engine.terminal import printable
 
 # plain values (str, int, float) are converted without importing pydantic (~0.15 s)
@@ -491,16 +491,12 @@ def main() -> None:
             hard_exit("interrupted")
         except EngineError as e:
             fail(str(e))
-        except KeyboardInterrupt as e:
-            # no atexit hooks: they would wait for threads stuck in a network call
-            hard_exit(getattr(e, "message", "interrupted"))
-        except Exception as e:
-            # a Ctrl-C that came out as another error (inside an import, say)
-            from engine.workers import interrupt_behind
-
+        except (KeyboardInterrupt, Exception) as e:
+            # a Ctrl-C, also one that came out as another error (inside an import, say)
             ki = interrupt_behind(e)
             if ki is None:
                 raise
+            # no atexit hooks: they would wait for threads stuck in a network call
             hard_exit(getattr(ki, "message", "interrupted"))
         if rv == 130:  # the CLI framework's answer to a KeyboardInterrupt: say so
             hard_exit("interrupted")

@@ -1,4 +1,5 @@
-"""One small error hierarchy. The CLI turns every EngineError into one clean line."""
+"""One small error hierarchy. The CLI turns every EngineError into one clean line, and every
+Ctrl-C (also one that came out as another error: `interrupt_behind`) into one as well."""
 
 from __future__ import annotations
 
@@ -53,3 +54,18 @@ class InterventionError(EngineError):
 
 class UnknownScenario(ConfigError):
     """A run names a scenario that no implementation is registered for."""
+
+
+def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt that `e` was raised from or while handling, if any: a Ctrl-C
+    inside an import that runs during a command can come out as another error (Python 3.11
+    wraps an exception from a class body's `__set_name__` in RuntimeError), which is still
+    the user's Ctrl-C and must end as one."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None

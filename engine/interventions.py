@@ -24,6 +24,7 @@ from engine.errors import (
     EngineError,
     InterventionError,
     PolicyError,
+    interrupt_behind,
 )
 from engine.executors.base import Executor, ExecutorOptions, make_executor
 from engine.journal import Journal
@@ -779,7 +780,9 @@ class BranchRunner:
                 labels=self._labels,
             )
             check()
-        except KeyboardInterrupt as e:
+        except (KeyboardInterrupt, Exception) as e:
+            if interrupt_behind(e) is None:
+                raise
             self.close(interrupted=True)
             self._finished.update(r.run_id for r in results if r is not None and r.run_id)
             closed = close_open_branches(

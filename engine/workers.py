@@ -76,21 +76,6 @@ def check() -> None:
 _ending = threading.Lock()
 
 
-def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt that `e` was raised from or while handling, if any: a Ctrl-C
-    inside an import that runs during a command can come out as another error (Python 3.11
-    wraps an exception from a class body's `__set_name__` in RuntimeError), which is still
-    the user's Ctrl-C and must end as one."""
-    seen: set[int] = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, KeyboardInterrupt):
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
-
-
 def hard_exit(message: str = "interrupted", code: int = 130) -> None:
     """End the process now: one line on stderr, no atexit hooks (they would join threads that
     may be stuck in a network call). Only the first caller writes its line: a second one (the

@@ -340,7 +340,7 @@ def _set_name_interrupted() -> BaseException:
 
     try:
         type("Owner", (), {"field": Named()})
-    except BaseException as e:  # noqa: BLE001 - whatever this Python makes of it
+    except BaseException as e:  # whatever this Python makes of it
         return e
     raise AssertionError("__set_name__ was not called")
 
@@ -348,7 +348,7 @@ def _set_name_interrupted() -> BaseException:
 def test_a_ctrl_c_that_came_out_as_another_error_is_found() -> None:
     """`interrupt_behind` finds the KeyboardInterrupt behind such an error (its cause, or the
     exception it was raised while handling), and nothing behind an ordinary error."""
-    from engine.workers import interrupt_behind
+    from engine.errors import interrupt_behind
 
     wrapped = _set_name_interrupted()
     found = interrupt_behind(wrapped)

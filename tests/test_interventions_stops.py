@@ -369,3 +369,28 @@ def test_executor_is_told_the_branch_labels(recorded: tuple[Journal, str]) -> No
     want = {branch_label(s.iv, branch_key(run, s.iv, s.branch_seed, None, None)) for s in specs}
     assert seeing.labels == [want]
     assert {j.run(b.run_id).label for b in out} == want
+
+
+def test_a_ctrl_c_behind_another_error_ends_the_fork_as_a_stop(
+    recorded: tuple[Journal, str],
+) -> None:
+    """A Ctrl-C that reaches the fork as another error (Python 3.11 re-raises one that lands
+    while a class body's descriptor is named, as in a module imported lazily, as RuntimeError;
+    produced here for real from the progress callback after the first branch) ends it as a
+    Ctrl-C does: Interrupted with its line, the finished branch kept, nothing left recording."""
+    j, run = recorded
+    parent = parent_info(j, run)
+    specs = [BranchSpec(DoResample(2), branch_seed_for(3, i)) for i in range(3)]
+
+    class Named:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    def progress(done: int, total: int) -> None:
+        type("Module", (), {"field": Named()})
+
+    with pytest.raises(Interrupted) as caught, BranchRunner(j, parent) as runner:
+        runner.run(specs, progress)
+    assert caught.value.message == "interrupted: 0 open branches closed as stopped"
+    statuses = [j.status(c.run_id) for c in j.children(run)]
+    assert statuses == ["completed"]

@@ -304,3 +304,40 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
         assert j.status(run.run_id) == "stopped" and j.verify().ok
     assert isinstance(events[-2], ev.Control) and events[-2].action == "stop"
     assert isinstance(events[-1], ev.RunEnded) and events[-1].status == "stopped"
+
+
+class _InterruptedInAnImport:
+    """A real sim policy that, at one step, meets a Ctrl-C the way a lazily imported module
+    can: while a class body's descriptor is named (Python 3.11 re-raises it as RuntimeError)."""
+
+    name = "sim"
+
+    def __init__(self, at: int) -> None:
+        self.inner = SimPolicy()
+        self.at = at
+
+    def decide(self, view: AgentView, messages: list[dict[str, str]], seed: int) -> Completion:
+        if view.step == self.at:
+
+            class Named:
+                def __set_name__(self, owner: type, name: str) -> None:
+                    raise KeyboardInterrupt
+
+            type("Module", (), {"field": Named()})
+        return self.inner.decide(view, messages, seed)
+
+
+def test_a_ctrl_c_behind_another_error_closes_the_run_as_stopped(tmp_path: Path) -> None:
+    """The run is closed as `stopped` (the user's Ctrl-C), not `failed` with an internal error,
+    when the interrupt reaches the episode as another error; its whole steps stay."""
+    from engine.errors import interrupt_behind
+
+    with Journal(tmp_path / "j.db") as j:
+        with pytest.raises(BaseException) as caught:
+            record_heist(j, _InterruptedInAnImport(at=3), seed=7, rounds=1)  # type: ignore[arg-type]
+        assert interrupt_behind(caught.value) is not None
+        (run,) = j.runs()
+        events = [s.event for s in j.read(run.run_id)]
+        assert j.status(run.run_id) == "stopped" and j.verify().ok
+        assert j.steps(run.run_id) == 3  # steps 0-2 whole; step 3 never decided
+    assert isinstance(events[-1], ev.RunEnded) and events[-1].status == "stopped"

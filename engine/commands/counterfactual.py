@@ -76,17 +76,12 @@ def stoppable(fn: _F) -> _F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from engine.workers import hard_exit, interrupt_behind
+        from engine.workers import hard_exit
 
         try:
             return fn(*args, **kwargs)
         except KeyboardInterrupt as e:
             hard_exit(getattr(e, "message", "interrupted"))
-        except Exception as e:
-            ki = interrupt_behind(e)
-            if ki is None:
-                raise
-            hard_exit(getattr(ki, "message", "interrupted"))
 
     return wrapper  # type: ignore[return-value]
 

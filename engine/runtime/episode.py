@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import events as ev
-from engine.errors import PolicyError
+from engine.errors import PolicyError, interrupt_behind
 from engine.logging import bind, get_logger, unbind
 from engine.policies.base import AgentView, ChatLine, Completion, Policy, PolicyCancelled
 from engine.runtime.clock import Clock, SystemClock
@@ -160,7 +160,7 @@ def _close_after(recorder: Recorder, exc: BaseException) -> None:
         except Exception as e:
             log.error("could not commit the closed run", error=str(e))
         return
-    if isinstance(exc, KeyboardInterrupt | SystemExit):
+    if isinstance(exc, SystemExit) or interrupt_behind(exc) is not None:
         end = ev.RunEnded(status="stopped")
     else:
         message = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
