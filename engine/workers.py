@@ -17,7 +17,6 @@ Three promises, whatever moment the user presses Ctrl-C or kills the command:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import os
@@ -41,6 +40,9 @@ if TYPE_CHECKING:
 GRACE = 0.8
 #: How often an idle loop or a worker looks at STOP and at its parent.
 POLL = 0.05
+#: The longest a claim may wait for the pool's lock (held for microseconds) before the pool
+#: is taken as broken.
+CLAIM_TIMEOUT_S = 30.0
 
 STOP = threading.Event()
 _PR_SET_PDEATHSIG = 1
@@ -148,8 +150,61 @@ def _watch_parent(parent: int) -> None:
             return
 
 
-def _worker_main(parent: int, conn: Connection, setup: Callable[[], None] | None) -> None:
-    """A worker: run (fn, item) messages until the pipe closes; SIGINT is the parent's."""
+class _Claims:
+    """The items of the batch being run, claimed one at a time through memory shared by the
+    pool's processes: workers take from the front, the parent (with `local`) from the back.
+    No process waits for another to hand it work, and a batch ends with at most one item in
+    flight per process. The lock is held for two integer updates; a process that dies holding
+    it (SIGKILL between two claims) is noticed by the parent's timed acquire (`alive`)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._lock = ctx.Lock()
+        # [next from the front, one past the last not yet claimed from the back]
+        self._span = ctx.RawArray("q", 2)
+
+    def reset(self, count: int, alive: Callable[[], bool] | None = None) -> None:
+        with self._locked(alive):
+            self._span[0], self._span[1] = 0, count
+
+    def front(self, alive: Callable[[], bool] | None = None) -> int | None:
+        with self._locked(alive):
+            i = int(self._span[0])
+            if i >= self._span[1]:
+                return None
+            self._span[0] = i + 1
+            return i
+
+    def back(self, alive: Callable[[], bool] | None = None) -> int | None:
+        with self._locked(alive):
+            i = int(self._span[1]) - 1
+            if i < self._span[0]:
+                return None
+            self._span[1] = i
+            return i
+
+    def close(self, alive: Callable[[], bool] | None = None) -> None:
+        """No more claims in this batch (after an error: workers finish the item in hand)."""
+        with self._locked(alive):
+            self._span[1] = self._span[0]
+
+    @contextlib.contextmanager
+    def _locked(self, alive: Callable[[], bool] | None) -> Iterator[None]:
+        deadline = time.monotonic() + CLAIM_TIMEOUT_S
+        while not self._lock.acquire(timeout=POLL):
+            if (alive is not None and not alive()) or time.monotonic() >= deadline:
+                raise EngineError("a worker process died while claiming a branch")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
+def _worker_main(
+    parent: int, conn: Connection, claims: _Claims, setup: Callable[[], None] | None
+) -> None:
+    """A worker: for each batch the parent sends, run the items it claims from the front,
+    replying with each result and then the batch's end; leave when the pipe closes. SIGINT is
+    the parent's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _worker_on_term)
     _set_parent_death_signal()
@@ -166,30 +221,39 @@ def _worker_main(parent: int, conn: Connection, setup: Callable[[], None] | None
             os._exit(0)  # the parent is gone or done with us
         if msg is None:
             os._exit(0)
-        fn, item = msg
-        _busy.set()
-        started = time.perf_counter()
-        try:
-            ok, value = True, fn(item)
-        except Exception as e:  # handed to the parent, which raises it
-            ok, value = False, e
-        finally:
-            _busy.clear()
-        # what the parent accounts per worker: seconds in the job, CPU seconds of the process
-        reply = (ok, value, time.perf_counter() - started, time.process_time())
-        if STOP.is_set():  # the branch closed itself as stopped; nothing more to do here
-            os._exit(143)
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
-            os._exit(0)
+        fn, batch = msg
+        while (index := claims.front()) is not None:
+            _busy.set()
+            started = time.perf_counter()
+            try:
+                ok, value = True, fn(batch[index])
+            except Exception as e:  # handed to the parent, which raises it
+                ok, value = False, e
+            finally:
+                _busy.clear()
+            # what the parent accounts per worker: seconds in the job, CPU seconds so far
+            reply = (index, ok, value, time.perf_counter() - started, time.process_time())
+            if STOP.is_set():  # the branch closed itself as stopped; nothing more to do here
+                os._exit(143)
+            _reply(conn, reply)
+            if not ok:
+                break
+        _reply(conn, None)  # nothing more of this batch from here
+
+
+def _reply(conn: Connection, message: Any) -> None:
+    try:
+        conn.send(message)
+    except (BrokenPipeError, OSError):
+        os._exit(0)
 
 
 class WorkerPool:
     """Processes that live for one command (created once, reused by every batch) and die
     with it. Forked, so they inherit what the parent prepared (e.g. the branch bases); each
-    has its own pipe, and the parent hands out items from the front of a batch as workers
-    become idle (two at a time while it runs items from the back itself, `run(local=...)`)."""
+    has its own pipe. A batch goes to every worker whole; the items are claimed one at a time
+    through shared memory (`_Claims`): workers from the front, the parent from the back when
+    it runs items itself (`run(local=...)`)."""
 
     def __init__(self, workers: int, setup: Callable[[], None] | None = None) -> None:
         import multiprocessing as mp
@@ -197,6 +261,7 @@ class WorkerPool:
         ctx = mp.get_context("fork")
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
+        self._claims = _Claims(ctx)
         #: per worker: seconds spent in jobs, and its CPU seconds so far (from its replies)
         self.busy_s = [0.0] * workers
         self.cpu_s = [0.0] * workers
@@ -207,7 +272,7 @@ class WorkerPool:
         self.local_cpu_s = 0.0
         for _ in range(workers):
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(os.getpid(), theirs, setup))
+            proc = ctx.Process(target=_worker_main, args=(os.getpid(), theirs, self._claims, setup))
             proc.start()
             theirs.close()
             self._procs.append(proc)
@@ -224,70 +289,95 @@ class WorkerPool:
         local: Callable[[_T], _R] | None = None,
     ) -> None:
         """Run fn over items; on_done(index, result) as each finishes. With `local`, this
-        process takes items too (local(item), between handing out the others). On a stop
-        request the workers are told to stop their branches and Interrupted is raised."""
+        process takes items too (local(item), between looking at the workers' results). On a
+        stop request the workers are told to stop their branches and Interrupted is raised;
+        on an error the other processes finish the item in hand, then it is raised."""
         started = time.perf_counter()
         try:
-            self._run(fn, items, on_done, local)
+            self._run(fn, list(items), on_done, local)
         finally:
             self.wall_s += time.perf_counter() - started
 
     def _run(
         self,
         fn: Callable[[_T], _R],
-        items: Iterable[_T],
+        batch: list[_T],
         on_done: Callable[[int, _R], None],
         local: Callable[[_T], _R] | None,
     ) -> None:
         from multiprocessing import connection as mp_connection
 
-        # workers take items from the front, this process (with `local`) from the back
-        todo = collections.deque(enumerate(items))
-        # per worker, the indexes handed to it and not answered yet, in its order
-        queued: dict[Connection, collections.deque[int]] = {
-            conn: collections.deque() for conn in self._conns
-        }
+        if not batch:
+            return
+        claims = self._claims
+        claims.reset(len(batch), self._alive)
+        for conn in self._conns:
+            conn.send((fn, batch))
+        # the workers still in this batch (each ends it with a None)
+        running = dict.fromkeys(self._conns, True)
         slot = {conn: i for i, conn in enumerate(self._conns)}
-        # a worker beside a busy parent holds a second item, so that it never waits for the
-        # parent to hand it its next one
-        depth = 2 if local is not None else 1
-        while todo or any(queued.values()):
-            for conn, mine in queued.items():
-                while todo and len(mine) < (depth if len(todo) > 1 else 1):
-                    index, item = todo.popleft()
-                    conn.send((fn, item))
-                    mine.append(index)
-            waiting = [conn for conn, mine in queued.items() if mine]
-            if local is not None and todo:
-                index, item = todo.pop()
-                t0, c0 = time.perf_counter(), time.process_time()
-                try:
-                    value = local(item)
-                finally:
-                    self.local_busy_s += time.perf_counter() - t0
-                    self.local_cpu_s += time.process_time() - c0
-                on_done(index, value)
-                timeout = 0.0
-            else:
-                timeout = POLL
-            ready = mp_connection.wait(waiting, timeout=timeout) if waiting else []
-            for ready_conn in ready:
-                conn = cast("Connection", ready_conn)
-                index = queued[conn].popleft()
-                try:
-                    ok, value, busy_s, cpu_s = conn.recv()
-                except (EOFError, OSError) as e:
-                    if STOP.is_set():
-                        break
-                    raise EngineError("a worker process died while running a branch") from e
-                self.busy_s[slot[conn]] += busy_s
-                self.cpu_s[slot[conn]] = cpu_s
-                if not ok:
-                    raise value
-                on_done(index, value)
-            if STOP.is_set():
-                self.stop()
-                raise Interrupted()
+        try:
+            while running:
+                index = claims.back(self._alive) if local is not None else None
+                if local is not None and index is not None:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    try:
+                        value = local(batch[index])
+                    finally:
+                        self.local_busy_s += time.perf_counter() - t0
+                        self.local_cpu_s += time.process_time() - c0
+                    on_done(index, value)
+                    timeout = 0.0
+                else:
+                    local = None  # nothing left to claim here
+                    timeout = POLL
+                for ready in mp_connection.wait(list(running), timeout=timeout):
+                    conn = cast("Connection", ready)
+                    try:
+                        reply = conn.recv()
+                    except (EOFError, OSError) as e:
+                        if STOP.is_set():
+                            break
+                        raise EngineError("a worker process died while running a branch") from e
+                    if reply is None:
+                        del running[conn]
+                        continue
+                    index, ok, value, busy_s, cpu_s = reply
+                    self.busy_s[slot[conn]] += busy_s
+                    self.cpu_s[slot[conn]] = cpu_s
+                    if not ok:
+                        raise value
+                    on_done(index, value)
+                if STOP.is_set():
+                    self.stop()
+                    raise Interrupted()
+            # every worker has ended the batch, so nothing is left to claim: the parent's
+            # last item, if any, ran before the workers' ends were read
+        except BaseException:
+            if self._conns and not STOP.is_set():
+                self._wind_down(running)
+            raise
+
+    def _alive(self) -> bool:
+        return all(p.is_alive() for p in self._procs)
+
+    def _wind_down(self, running: dict[Connection, bool]) -> None:
+        """After an error: no more claims; let each worker finish the item in hand (a branch
+        ends whole) and end the batch, for at most GRACE seconds; stop the pool otherwise."""
+        from multiprocessing import connection as mp_connection
+
+        try:
+            self._claims.close(self._alive)
+            deadline = time.monotonic() + GRACE
+            while running and time.monotonic() < deadline:
+                for ready in mp_connection.wait(list(running), timeout=POLL):
+                    conn = cast("Connection", ready)
+                    if conn.recv() is None:
+                        del running[conn]
+        except Exception:
+            pass
+        if running:
+            self.stop()
 
     def stop(self) -> None:
         """Ask every worker to stop (SIGTERM), wait up to GRACE, then kill what is left."""
