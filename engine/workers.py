@@ -19,30 +19,28 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
+import mmap
 import os
+import select
 import signal
+import struct
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from engine.errors import EngineError
 from engine.runtime.control import ControlChannel
-
-if TYPE_CHECKING:
-    # multiprocessing itself is imported by the pool: a command that forks no worker never
-    # pays for it
-    from multiprocessing.connection import Connection
 
 #: Seconds a wind-down may take before the process ends without waiting any longer.
 GRACE = 0.8
 #: How often an idle loop or a worker looks at STOP and at its parent.
 POLL = 0.05
-#: The longest a claim may wait for the pool's lock (held for microseconds) before the pool
-#: is taken as broken.
-CLAIM_TIMEOUT_S = 30.0
+_SPAN = struct.Struct("=qq")
+_LENGTH = struct.Struct("=Q")
 
 STOP = threading.Event()
 _PR_SET_PDEATHSIG = 1
@@ -154,53 +152,149 @@ class _Claims:
     """The items of the batch being run, claimed one at a time through memory shared by the
     pool's processes: workers take from the front, the parent (with `local`) from the back.
     No process waits for another to hand it work, and a batch ends with at most one item in
-    flight per process. The lock is held for two integer updates; a process that dies holding
-    it (SIGKILL between two claims) is noticed by the parent's timed acquire (`alive`)."""
+    flight per process.
 
-    def __init__(self, ctx: Any) -> None:
-        self._lock = ctx.Lock()
+    Two integers in an anonymous shared file (memfd where there is one), mapped by every
+    process, under a POSIX record lock on that file (`fcntl.lockf`): the kernel drops a
+    process's record locks when it dies, so a worker killed between two claims cannot leave
+    the others waiting. Record locks are per process, so one thread of each process claims."""
+
+    def __init__(self) -> None:
+        if hasattr(os, "memfd_create"):
+            self._fd = os.memfd_create("car-claims", os.MFD_CLOEXEC)
+        else:  # pragma: no cover - systems without memfd (macOS)
+            import tempfile
+
+            self._fd, name = tempfile.mkstemp(prefix="car-claims-")
+            os.unlink(name)
+        os.ftruncate(self._fd, _SPAN.size)
         # [next from the front, one past the last not yet claimed from the back]
-        self._span = ctx.RawArray("q", 2)
+        self._span = mmap.mmap(self._fd, _SPAN.size)
 
-    def reset(self, count: int, alive: Callable[[], bool] | None = None) -> None:
-        with self._locked(alive):
-            self._span[0], self._span[1] = 0, count
+    def reset(self, count: int) -> None:
+        with self._locked():
+            _SPAN.pack_into(self._span, 0, 0, count)
 
-    def front(self, alive: Callable[[], bool] | None = None) -> int | None:
-        with self._locked(alive):
-            i = int(self._span[0])
-            if i >= self._span[1]:
+    def front(self) -> int | None:
+        with self._locked():
+            lo, hi = _SPAN.unpack_from(self._span)
+            if lo >= hi:
                 return None
-            self._span[0] = i + 1
-            return i
+            _SPAN.pack_into(self._span, 0, lo + 1, hi)
+            return int(lo)
 
-    def back(self, alive: Callable[[], bool] | None = None) -> int | None:
-        with self._locked(alive):
-            i = int(self._span[1]) - 1
-            if i < self._span[0]:
+    def back(self) -> int | None:
+        with self._locked():
+            lo, hi = _SPAN.unpack_from(self._span)
+            if hi <= lo:
                 return None
-            self._span[1] = i
-            return i
+            _SPAN.pack_into(self._span, 0, lo, hi - 1)
+            return int(hi - 1)
 
-    def close(self, alive: Callable[[], bool] | None = None) -> None:
+    def close(self) -> None:
         """No more claims in this batch (after an error: workers finish the item in hand)."""
-        with self._locked(alive):
-            self._span[1] = self._span[0]
+        with self._locked():
+            lo, _hi = _SPAN.unpack_from(self._span)
+            _SPAN.pack_into(self._span, 0, lo, lo)
 
     @contextlib.contextmanager
-    def _locked(self, alive: Callable[[], bool] | None) -> Iterator[None]:
-        deadline = time.monotonic() + CLAIM_TIMEOUT_S
-        while not self._lock.acquire(timeout=POLL):
-            if (alive is not None and not alive()) or time.monotonic() >= deadline:
-                raise EngineError("a worker process died while claiming a branch")
+    def _locked(self) -> Iterator[None]:
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            self._lock.release()
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+
+class _Channel:
+    """One way of a worker's two pipes: pickled messages, each after its length."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def send(self, message: Any) -> None:
+        import pickle  # a pool's need only: a command without workers does not pay for it
+
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(_LENGTH.pack(len(data)) + data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def recv(self) -> Any:
+        import pickle
+
+        (size,) = _LENGTH.unpack(self._read(_LENGTH.size))
+        return pickle.loads(self._read(size))
+
+    def _read(self, size: int) -> bytearray:
+        buf = bytearray()
+        while len(buf) < size:
+            chunk = os.read(self.fd, size - len(buf))
+            if not chunk:
+                raise EOFError("the other end of the pipe is closed")
+            buf += chunk
+        return buf
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _ready(channels: Iterable[_Channel], timeout: float) -> list[_Channel]:
+    """The channels with a message (or an end) to read, waiting up to `timeout` seconds."""
+    ready, _, _ = select.select(list(channels), [], [], timeout)
+    return ready
+
+
+class _Worker:
+    """A forked worker as its parent sees it: its pid, its two pipes, how it ended."""
+
+    def __init__(self, pid: int, inbox: _Channel, outbox: _Channel) -> None:
+        self.pid = pid
+        self.inbox = inbox  # parent -> worker
+        self.outbox = outbox  # worker -> parent
+        self.exitcode: int | None = None
+
+    def alive(self) -> bool:
+        if self.exitcode is not None:
+            return False
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere
+            self.exitcode = -1
+            return False
+        if pid == 0:
+            return True
+        self.exitcode = os.waitstatus_to_exitcode(status)
+        return False
+
+    def join(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the worker to end: its end of the reply pipe
+        closes when it does (whatever it still had to say is dropped)."""
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                if _ready([self.outbox], min(left, POLL)):
+                    self.outbox.recv()
+            except (EOFError, OSError):
+                # the pipe is closed: the process is ending, reap it
+                with contextlib.suppress(ChildProcessError):
+                    _, status = os.waitpid(self.pid, 0)
+                    self.exitcode = os.waitstatus_to_exitcode(status)
 
 
 def _worker_main(
-    parent: int, conn: Connection, claims: _Claims, setup: Callable[[], None] | None
+    parent: int,
+    conn: _Channel,
+    replies: _Channel,
+    claims: _Claims,
+    setup: Callable[[], None] | None,
 ) -> None:
     """A worker: for each batch the parent sends, run the items it claims from the front,
     replying with each result and then the batch's end; leave when the pipe closes. SIGINT is
@@ -235,33 +329,46 @@ def _worker_main(
             reply = (index, ok, value, time.perf_counter() - started, time.process_time())
             if STOP.is_set():  # the branch closed itself as stopped; nothing more to do here
                 os._exit(143)
-            _reply(conn, reply)
+            _reply(replies, reply)
             if not ok:
                 break
-        _reply(conn, None)  # nothing more of this batch from here
+        _reply(replies, None)  # nothing more of this batch from here
 
 
-def _reply(conn: Connection, message: Any) -> None:
+def _reply(replies: _Channel, message: Any) -> None:
     try:
-        conn.send(message)
-    except (BrokenPipeError, OSError):
+        replies.send(message)
+    except OSError:  # BrokenPipeError among them: the parent is gone
         os._exit(0)
+
+
+def _child(run: Callable[[], None]) -> None:
+    """The forked child's whole life: `run`, then out without the parent's exit hooks."""
+    code = 1
+    try:
+        with contextlib.suppress(Exception):
+            sys.stdin.close()
+        run()
+        code = 0
+    except BaseException:
+        with contextlib.suppress(Exception):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 class WorkerPool:
     """Processes that live for one command (created once, reused by every batch) and die
-    with it. Forked, so they inherit what the parent prepared (e.g. the branch bases); each
-    has its own pipe. A batch goes to every worker whole; the items are claimed one at a time
-    through shared memory (`_Claims`): workers from the front, the parent from the back when
-    it runs items itself (`run(local=...)`)."""
+    with it. Forked (`os.fork`), so they inherit what the parent prepared (e.g. the branch
+    bases); each has a pipe each way. A batch goes to every worker whole; the items are
+    claimed one at a time through shared memory (`_Claims`): workers from the front, the
+    parent from the back when it runs items itself (`run(local=...)`)."""
 
     def __init__(self, workers: int, setup: Callable[[], None] | None = None) -> None:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")
-        self._procs: list[Any] = []
-        self._conns: list[Connection] = []
-        self._claims = _Claims(ctx)
+        self._workers: list[_Worker] = []
+        self._claims = _Claims()
         #: per worker: seconds spent in jobs, and its CPU seconds so far (from its replies)
         self.busy_s = [0.0] * workers
         self.cpu_s = [0.0] * workers
@@ -270,16 +377,37 @@ class WorkerPool:
         self.wall_s = 0.0
         self.local_busy_s = 0.0
         self.local_cpu_s = 0.0
-        for _ in range(workers):
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(os.getpid(), theirs, self._claims, setup))
-            proc.start()
-            theirs.close()
-            self._procs.append(proc)
-            self._conns.append(mine)
+        parent = os.getpid()
+        try:
+            for _ in range(workers):
+                self._workers.append(self._start(parent, setup))
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, parent: int, setup: Callable[[], None] | None) -> _Worker:
+        down_r, down_w = os.pipe()
+        up_r, up_w = os.pipe()
+        # what is buffered here would be written a second time by a child that flushes
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            # the parent's ends of every pipe, this worker's and its elder siblings'
+            for w in self._workers:
+                w.inbox.close()
+                w.outbox.close()
+            os.close(down_w)
+            os.close(up_r)
+            claims = self._claims
+            _child(lambda: _worker_main(parent, _Channel(down_r), _Channel(up_w), claims, setup))
+        os.close(down_r)
+        os.close(up_w)
+        return _Worker(pid, _Channel(down_w), _Channel(up_r))
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs if p.pid is not None]
+        return [w.pid for w in self._workers]
 
     def run(
         self,
@@ -305,20 +433,16 @@ class WorkerPool:
         on_done: Callable[[int, _R], None],
         local: Callable[[_T], _R] | None,
     ) -> None:
-        from multiprocessing import connection as mp_connection
-
         if not batch:
             return
-        claims = self._claims
-        claims.reset(len(batch), self._alive)
-        for conn in self._conns:
-            conn.send((fn, batch))
-        # the workers still in this batch (each ends it with a None)
-        running = dict.fromkeys(self._conns, True)
-        slot = {conn: i for i, conn in enumerate(self._conns)}
+        self._claims.reset(len(batch))
+        for w in self._workers:
+            w.inbox.send((fn, batch))
+        # the workers still in this batch (each ends it with a None), by their reply pipe
+        running = {w.outbox: slot for slot, w in enumerate(self._workers)}
         try:
             while running:
-                index = claims.back(self._alive) if local is not None else None
+                index = self._claims.back() if local is not None else None
                 if local is not None and index is not None:
                     t0, c0 = time.perf_counter(), time.process_time()
                     try:
@@ -331,8 +455,7 @@ class WorkerPool:
                 else:
                     local = None  # nothing left to claim here
                     timeout = POLL
-                for ready in mp_connection.wait(list(running), timeout=timeout):
-                    conn = cast("Connection", ready)
+                for conn in _ready(running, timeout):
                     try:
                         reply = conn.recv()
                     except (EOFError, OSError) as e:
@@ -343,8 +466,8 @@ class WorkerPool:
                         del running[conn]
                         continue
                     index, ok, value, busy_s, cpu_s = reply
-                    self.busy_s[slot[conn]] += busy_s
-                    self.cpu_s[slot[conn]] = cpu_s
+                    self.busy_s[running[conn]] += busy_s
+                    self.cpu_s[running[conn]] = cpu_s
                     if not ok:
                         raise value
                     on_done(index, value)
@@ -354,24 +477,18 @@ class WorkerPool:
             # every worker has ended the batch, so nothing is left to claim: the parent's
             # last item, if any, ran before the workers' ends were read
         except BaseException:
-            if self._conns and not STOP.is_set():
+            if self._workers and not STOP.is_set():
                 self._wind_down(running)
             raise
 
-    def _alive(self) -> bool:
-        return all(p.is_alive() for p in self._procs)
-
-    def _wind_down(self, running: dict[Connection, bool]) -> None:
+    def _wind_down(self, running: dict[_Channel, int]) -> None:
         """After an error: no more claims; let each worker finish the item in hand (a branch
         ends whole) and end the batch, for at most GRACE seconds; stop the pool otherwise."""
-        from multiprocessing import connection as mp_connection
-
         try:
-            self._claims.close(self._alive)
+            self._claims.close()
             deadline = time.monotonic() + GRACE
             while running and time.monotonic() < deadline:
-                for ready in mp_connection.wait(list(running), timeout=POLL):
-                    conn = cast("Connection", ready)
+                for conn in _ready(running, POLL):
                     if conn.recv() is None:
                         del running[conn]
         except Exception:
@@ -381,34 +498,34 @@ class WorkerPool:
 
     def stop(self) -> None:
         """Ask every worker to stop (SIGTERM), wait up to GRACE, then kill what is left."""
-        for p in self._procs:
-            if p.is_alive():
+        for w in self._workers:
+            if w.alive():
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGTERM)
+                    os.kill(w.pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE + 0.2
-        for p in self._procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self._procs:
-            if p.is_alive():
+        for w in self._workers:
+            w.join(max(0.0, deadline - time.monotonic()))
+        for w in self._workers:
+            if w.alive():
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
-                p.join(1.0)
+                    os.kill(w.pid, signal.SIGKILL)
+                w.join(1.0)
         self._close_pipes()
 
     def close(self) -> None:
         """Let the workers finish: each leaves when its pipe says so."""
-        for conn in self._conns:
+        for w in self._workers:
             with contextlib.suppress(OSError):
-                conn.send(None)
-        for p in self._procs:
-            p.join(GRACE)
+                w.inbox.send(None)
+        for w in self._workers:
+            w.join(GRACE)
         self.stop()
 
     def _close_pipes(self) -> None:
-        for conn in self._conns:
-            conn.close()
-        self._conns = []
-        self._procs = []
+        for w in self._workers:
+            w.inbox.close()
+            w.outbox.close()
+        self._workers = []
 
     def __enter__(self) -> WorkerPool:
         return self

@@ -10,12 +10,13 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 
 import pytest
 
 from engine.errors import EngineError
-from engine.workers import POLL, WorkerPool, _Claims
+from engine.workers import WorkerPool, _Claims
 
 
 def _tagged(item: int) -> tuple[int, int]:
@@ -103,26 +104,50 @@ def test_a_worker_killed_in_a_batch_is_an_error_not_a_hang() -> None:
 
 
 def _hold_and_die(claims: _Claims) -> None:
-    claims._lock.acquire()
-    os.kill(os.getpid(), signal.SIGKILL)
+    with claims._locked():
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_a_process_killed_holding_the_claim_lock_is_noticed() -> None:
-    ctx = mp.get_context("fork")
-    claims = _Claims(ctx)
+def test_a_process_killed_holding_the_claim_lock_does_not_block_the_others() -> None:
+    """The kernel drops a dead process's record lock: the next claim goes through at once."""
+    claims = _Claims()
     claims.reset(3)
-    holder = ctx.Process(target=_hold_and_die, args=(claims,))
+    holder = mp.get_context("fork").Process(target=_hold_and_die, args=(claims,))
     holder.start()
     holder.join(5)
     assert holder.exitcode == -signal.SIGKILL
     started = time.monotonic()
-    with pytest.raises(EngineError, match="died while claiming"):
-        claims.back(alive=holder.is_alive)
-    assert time.monotonic() - started < 10 * POLL
+    assert claims.back() == 2 and claims.front() == 0
+    assert time.monotonic() - started < 1.0
+
+
+def test_the_claim_lock_excludes_another_process() -> None:
+    """While another process holds the lock, a claim waits for it (a real second process)."""
+    claims = _Claims()
+    claims.reset(2)
+    ctx = mp.get_context("fork")
+    taken, release = ctx.Event(), ctx.Event()
+
+    def hold() -> None:
+        with claims._locked():
+            taken.set()
+            release.wait(5)
+
+    holder = ctx.Process(target=hold)
+    holder.start()
+    assert taken.wait(5)
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    started = time.monotonic()
+    assert claims.front() == 0
+    waited = time.monotonic() - started
+    timer.join()
+    holder.join(5)
+    assert waited >= 0.15, waited
 
 
 def test_claims_meet_in_the_middle_and_close_ends_the_batch() -> None:
-    claims = _Claims(mp.get_context("fork"))
+    claims = _Claims()
     claims.reset(5)
     assert [claims.front(), claims.back(), claims.front(), claims.back()] == [0, 4, 1, 3]
     assert claims.front() == 2
