@@ -7,6 +7,7 @@ branch's seed, tools run against the same recorded world, and the same rule scor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -29,7 +30,7 @@ from engine.errors import (
 from engine.executors.base import Executor, ExecutorOptions, make_executor
 from engine.journal import Journal
 from engine.policies.base import ChatLine, Policy
-from engine.policies.registry import POLICY_NAMES, make_policy
+from engine.policies.registry import POLICY_NAMES, load_policy, make_policy
 from engine.projections import conversation
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
 from engine.runtime.recorder import Recorder
@@ -719,6 +720,11 @@ class BranchRunner:
         mode = "inline" if sim else "threads"
         if concurrency > 1 and sim:
             mode = "processes" if journal.is_sqlite else "threads"
+        if mode == "processes":
+            # the policy's code before the workers fork: each inherits it (one that cannot be
+            # loaded fails in its branches, as it would without this)
+            with contextlib.suppress(ConfigError):
+                load_policy(name)
         self.executor: Executor = make_executor(
             executor, journal, parent, concurrency=concurrency, mode=mode
         )

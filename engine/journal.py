@@ -214,11 +214,18 @@ def _boot_id() -> str:
     return _read_text("/proc/sys/kernel/random/boot_id")
 
 
-def _this_process() -> Lease:
-    import socket
+#: (pid, its Lease) of the process that asked last: a forked child has another pid
+_me: tuple[int, Lease] | None = None
 
+
+def _this_process() -> Lease:
+    """This process as a lease names it (every lease and heartbeat asks; cached per pid).
+    The host is the kernel's node name, which is what gethostname() returns."""
+    global _me
     pid = os.getpid()
-    return Lease(pid, socket.gethostname(), _boot_id(), _proc_start(pid), 0.0)
+    if _me is None or _me[0] != pid:
+        _me = (pid, Lease(pid, os.uname().nodename, _boot_id(), _proc_start(pid), 0.0))
+    return _me[1]
 
 
 def _process_alive(pid: int, proc_start: str) -> bool:

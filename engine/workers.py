@@ -367,6 +367,8 @@ class WorkerPool:
     parent from the back when it runs items itself (`run(local=...)`)."""
 
     def __init__(self, workers: int, setup: Callable[[], None] | None = None) -> None:
+        import pickle  # noqa: F401  # imported once here, not again in every worker
+
         self._workers: list[_Worker] = []
         self._claims = _Claims()
         #: per worker: seconds spent in jobs, and its CPU seconds so far (from its replies)

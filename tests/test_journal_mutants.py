@@ -108,6 +108,33 @@ def test_lease_is_this_process_and_heartbeats(tmp_path: Path) -> None:
         assert j.status(run) == "recording"
 
 
+def test_a_forked_child_leases_as_itself(tmp_path: Path) -> None:
+    """The lease identity is cached per process: a child forked after the parent asked
+    (as a pool's workers are) writes its own pid and start time, not the parent's."""
+    parent = jm._this_process()
+    assert parent.pid == os.getpid()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: create a run, report its lease, leave at once
+        code = 1
+        try:
+            with Journal(tmp_path / "j.db") as j:
+                lease = j.lease(j.create_run("s"))
+            assert lease is not None
+            os.write(w, f"{lease.pid} {lease.proc_start} {os.getpid()}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    got = os.read(r, 200).decode().split()
+    os.close(r)
+    child_start = jm._proc_start(pid)  # a zombie until reaped: its /proc entry is there
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert got[0] == got[2] == str(pid) and got[1] == child_start != parent.proc_start
+    assert jm._this_process() == parent
+
+
 def test_abandoned_run_is_found_and_closed(tmp_path: Path) -> None:
     """A run whose writer process is gone reads `abandoned`; close_abandoned appends stop and
     RunEnded(stopped) naming the writer, after which the run is stopped."""

@@ -102,6 +102,13 @@ def _factory(name: str) -> PolicyFactory:
     return factory
 
 
+def load_policy(name: str) -> None:
+    """Import the code of policy `name` now (e.g. before forking workers, so that each
+    inherits it instead of importing it again at its first branch); an unknown or broken
+    name fails as make_policy would."""
+    _factory(name)
+
+
 def make_policy(spec: dict[str, Any]) -> Policy:
     """Build a policy from its spec dict; an unknown name fails listing the valid ones."""
     name = spec.get("name")
