@@ -197,6 +197,16 @@ class _Claims:
             lo, _hi = _SPAN.unpack_from(self._span)
             _SPAN.pack_into(self._span, 0, lo, lo)
 
+    def release(self) -> None:
+        """Unmap and close the shared file (the pool is done; its workers are gone)."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(Exception):
+            self._span.close()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        self._fd = -1
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
@@ -437,9 +447,15 @@ class WorkerPool:
     ) -> None:
         if not batch:
             return
+        if not self._workers:
+            raise EngineError("the worker pool is closed")
         self._claims.reset(len(batch))
-        for w in self._workers:
-            w.inbox.send((fn, batch))
+        try:
+            for w in self._workers:
+                w.inbox.send((fn, batch))
+        except OSError as e:  # BrokenPipeError among them
+            self.stop()
+            raise EngineError("a worker process died before its batch") from e
         # the workers still in this batch (each ends it with a None), by their reply pipe
         running = {w.outbox: slot for slot, w in enumerate(self._workers)}
         try:
@@ -527,6 +543,7 @@ class WorkerPool:
         for w in self._workers:
             w.inbox.close()
             w.outbox.close()
+        self._claims.release()
         self._workers = []
 
     def __enter__(self) -> WorkerPool:

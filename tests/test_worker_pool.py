@@ -156,3 +156,30 @@ def test_claims_meet_in_the_middle_and_close_ends_the_batch() -> None:
     assert claims.front() == 0
     claims.close()
     assert claims.front() is None and claims.back() is None
+
+
+def _count_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds through /proc")
+def test_a_closed_pool_leaves_no_descriptor_and_refuses_work() -> None:
+    """Pipes and the claims' shared file are closed with the pool, whether it closes or
+    stops; a batch handed to a closed pool is an error, not a hang."""
+    before = _count_fds()
+    for ending in ("close", "stop"):
+        pool = WorkerPool(2)
+        assert sorted(_collect(pool, _tagged, range(6), local=_tagged)) == list(range(6))
+        getattr(pool, ending)()
+        assert _count_fds() == before, ending
+        with pytest.raises(EngineError, match="closed"):
+            pool.run(_tagged, range(3), lambda i, r: None)
+
+
+def test_a_worker_gone_before_its_batch_is_an_error() -> None:
+    with WorkerPool(1) as pool:
+        os.kill(pool.pids()[0], signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(EngineError, match="a worker process died"):
+            _collect(pool, _tagged, range(20))
+        assert pool.pids() == []
