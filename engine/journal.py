@@ -459,7 +459,11 @@ class Journal:
         return self.revision
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
+        """Close the connection once no thread uses it: the lease heartbeat's thread may be
+        inside a transaction on it, and closing a sqlite3 connection under a statement that
+        another thread runs crashes the process (a segfault, not an exception). Afterwards
+        that thread gets an error, which ends its beating for this journal."""
+        with self._lock, contextlib.suppress(Exception):
             self._conn.close()
         if self._engine is not None:
             self._engine.dispose()

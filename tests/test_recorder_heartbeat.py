@@ -70,3 +70,50 @@ def test_one_thread_beats_every_open_recorder_of_a_forked_process(
     assert a2 is None  # the ended run released its lease and is not beaten back to life
     assert b2 > got["after_end"]
     assert got["threads"] == 1
+
+
+_CLOSE_UNDER_BEATS = """
+import os, sys, tempfile, threading, time
+from engine.journal import Journal
+d = tempfile.mkdtemp()
+for i in range(40):
+    j = Journal(os.path.join(d, f"j{i}.db"))
+    run = j.create_run("s")
+    stop = threading.Event()
+    def beat():
+        while not stop.is_set():
+            try:
+                j.heartbeat(run)
+            except Exception:
+                pass  # the journal is closed: what the heartbeat thread is told
+    threads = [threading.Thread(target=beat) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.002)
+    j.close()
+    stop.set()
+    for t in threads:
+        t.join()
+print("closed 40")
+"""
+
+
+def test_closing_a_journal_while_its_lease_is_beaten_never_crashes() -> None:
+    """The heartbeat's thread may be inside a transaction when the journal is closed (a run's
+    last command ending, a test's `with Journal`): closing the connection under it crashed
+    the process with a segfault (seen once in a CI run). Two threads beat a lease as fast as
+    they can while the journal closes, 40 times over, in a child process so that a crash
+    fails this test rather than the suite: it must exit 0."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run(
+        [sys.executable, "-c", _CLOSE_UNDER_BEATS],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, (res.returncode, res.stderr[-2000:])
+    assert res.stdout.strip() == "closed 40"
