@@ -304,7 +304,6 @@ def _worker_main(
     conn: _Channel,
     replies: _Channel,
     claims: _Claims,
-    setup: Callable[[], None] | None,
 ) -> None:
     """A worker: for each batch the parent sends, run the items it claims from the front,
     replying with each result and then the batch's end; leave when the pipe closes. SIGINT is
@@ -316,8 +315,6 @@ def _worker_main(
         os._exit(143)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     STOP.clear()
-    if setup is not None:
-        setup()
     while True:
         try:
             msg = conn.recv()
@@ -353,18 +350,20 @@ def _reply(replies: _Channel, message: Any) -> None:
 
 
 def _child(run: Callable[[], None]) -> None:
-    """The forked child's whole life: `run`, then out without the parent's exit hooks."""
+    """The forked child's whole life: `run`, then out without the parent's exit hooks. A
+    worker that fails says so in one log line (the parent then reports it gone), never with a
+    traceback on the user's terminal."""
     code = 1
     try:
         with contextlib.suppress(Exception):
             sys.stdin.close()
         run()
         code = 0
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(Exception):
-            import traceback
+            from engine.logging import get_logger
 
-            traceback.print_exc()
+            get_logger(__name__).error("a branch worker failed", error=f"{type(e).__name__}: {e}")
     finally:
         os._exit(code)
 
@@ -376,7 +375,7 @@ class WorkerPool:
     claimed one at a time through shared memory (`_Claims`): workers from the front, the
     parent from the back when it runs items itself (`run(local=...)`)."""
 
-    def __init__(self, workers: int, setup: Callable[[], None] | None = None) -> None:
+    def __init__(self, workers: int) -> None:
         import pickle  # noqa: F401  # imported once here, not again in every worker
 
         self._workers: list[_Worker] = []
@@ -392,12 +391,12 @@ class WorkerPool:
         parent = os.getpid()
         try:
             for _ in range(workers):
-                self._workers.append(self._start(parent, setup))
+                self._workers.append(self._start(parent))
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, parent: int, setup: Callable[[], None] | None) -> _Worker:
+    def _start(self, parent: int) -> _Worker:
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
         # what is buffered here would be written a second time by a child that flushes
@@ -413,7 +412,7 @@ class WorkerPool:
             os.close(down_w)
             os.close(up_r)
             claims = self._claims
-            _child(lambda: _worker_main(parent, _Channel(down_r), _Channel(up_w), claims, setup))
+            _child(lambda: _worker_main(parent, _Channel(down_r), _Channel(up_w), claims))
         os.close(down_r)
         os.close(up_w)
         return _Worker(pid, _Channel(down_w), _Channel(up_r))
@@ -460,8 +459,7 @@ class WorkerPool:
         running = {w.outbox: slot for slot, w in enumerate(self._workers)}
         try:
             while running:
-                index = self._claims.back() if local is not None else None
-                if local is not None and index is not None:
+                if local is not None and (index := self._claims.back()) is not None:
                     t0, c0 = time.perf_counter(), time.process_time()
                     try:
                         value = local(batch[index])

@@ -183,3 +183,29 @@ def test_a_worker_gone_before_its_batch_is_an_error() -> None:
         with pytest.raises(EngineError, match="a worker process died"):
             _collect(pool, _tagged, range(20))
         assert pool.pids() == []
+
+
+def _refuse_in_a_worker(parent: int) -> int:
+    if os.getpid() != parent:
+        raise RuntimeError("this item cannot be read in a worker")
+    return 0
+
+
+class _ParentOnly:
+    """An item that unpickles only in the process that made it: a worker's failure of its
+    own, outside any branch (a real one: the worker cannot read its batch)."""
+
+    def __reduce__(self) -> tuple[object, tuple[int]]:
+        return _refuse_in_a_worker, (os.getpid(),)
+
+
+def test_a_failing_worker_logs_one_line_and_no_traceback(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    with WorkerPool(1) as pool, pytest.raises(EngineError, match="a worker process died"):
+        pool.run(_tagged, [_ParentOnly()], lambda i, r: None)  # type: ignore[list-item]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "a branch worker failed" in lines[0], err
+    assert "this item cannot be read in a worker" in lines[0]

@@ -20,7 +20,7 @@ import functools
 import importlib.resources
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import msgspec
 
@@ -28,7 +28,7 @@ from engine.errors import ConfigError
 from engine.heist.tools import TOOL_NAMES
 
 if TYPE_CHECKING:
-    # imported at run time by the functions that parse a crew: ~8 ms of every start-up else
+    # imported at run time where a crew is parsed: ~8 ms of every start-up else
     import yaml
 
 DEFAULT_CONFIG_NAME = "agents_config.yaml"
@@ -110,6 +110,19 @@ def parse_agents_config(text: str, source: str = "<string>") -> HeistConfig:
     return _Validator(source).config(root)
 
 
+# PyYAML's node kinds by their `id`, so that the validator needs no import of yaml
+def _is_mapping(node: yaml.Node) -> TypeGuard[yaml.MappingNode]:
+    return getattr(node, "id", None) == "mapping"
+
+
+def _is_sequence(node: yaml.Node) -> TypeGuard[yaml.SequenceNode]:
+    return getattr(node, "id", None) == "sequence"
+
+
+def _is_scalar(node: yaml.Node) -> TypeGuard[yaml.ScalarNode]:
+    return getattr(node, "id", None) == "scalar"
+
+
 class _Validator:
     def __init__(self, source: str) -> None:
         self.source = source
@@ -119,17 +132,15 @@ class _Validator:
         return ConfigError(f"{self.source}{where}: {message}")
 
     def config(self, root: yaml.Node | None) -> HeistConfig:
-        import yaml
-
         if root is None:
             raise self.error(None, "the file is empty; expected a mapping with 'agents'")
-        if not isinstance(root, yaml.MappingNode):
+        if not _is_mapping(root):
             raise self.error(root, f"expected a mapping with 'agents', got {_show(root)}")
         fields = self.mapping(root, "the top level", ("agents",))
         if "agents" not in fields:
             raise self.error(root, "field 'agents' is missing")
         key_node, seq = fields["agents"]
-        if not isinstance(seq, yaml.SequenceNode):
+        if not _is_sequence(seq):
             raise self.error(seq, f"field 'agents' must be a list of agents, got {_show(seq)}")
         agents: list[AgentSpec] = []
         seen: dict[str, int] = {}
@@ -157,11 +168,9 @@ class _Validator:
         return out
 
     def fields(self, node: yaml.MappingNode, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
-        import yaml
-
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR:
+            if not _is_scalar(key_node) or key_node.tag != _STR:
                 raise self.error(
                     key_node, f"{what}: field names must be text, got {_show(key_node)}"
                 )
@@ -172,10 +181,8 @@ class _Validator:
         return out
 
     def agent(self, node: yaml.Node, index: int) -> AgentSpec:
-        import yaml
-
         what = f"agent #{index}"
-        if not isinstance(node, yaml.MappingNode):
+        if not _is_mapping(node):
             raise self.error(node, f"{what} must be a mapping of {', '.join(_FIELDS)}")
         fields = self.fields(node, what)
         if "name" in fields:
@@ -198,9 +205,7 @@ class _Validator:
         return AgentSpec(name=name, role=role, goal=goal, tools=tools)
 
     def text(self, node: yaml.Node, what: str, field: str) -> str:
-        import yaml
-
-        if not isinstance(node, yaml.ScalarNode) or node.tag != _STR:
+        if not _is_scalar(node) or node.tag != _STR:
             raise self.error(node, f"{what}: field {field!r} must be a string, got {_show(node)}")
         value = str(node.value).strip()
         if not value:
@@ -212,15 +217,13 @@ class _Validator:
         return value
 
     def tools(self, node: yaml.Node, what: str) -> tuple[str, ...]:
-        import yaml
-
-        if not isinstance(node, yaml.SequenceNode):
+        if not _is_sequence(node):
             raise self.error(
                 node, f"{what}: field 'tools' must be a list of tool names, got {_show(node)}"
             )
         tools: list[str] = []
         for item in node.value:
-            if not isinstance(item, yaml.ScalarNode) or item.tag != _STR:
+            if not _is_scalar(item) or item.tag != _STR:
                 raise self.error(
                     item, f"{what}: field 'tools' must list tool names, got {_show(item)}"
                 )
@@ -238,16 +241,14 @@ class _Validator:
 
 def _show(node: yaml.Node) -> str:
     """A short description of a node for error messages: the scalar itself, or its kind."""
-    import yaml
-
     std = "tag:yaml.org,2002:"
     if not node.tag.startswith(std) or node.tag[len(std) :] not in _CORE_TAGS:
         return f"a value tagged {node.tag.replace(std, '!!')!r}"
-    if isinstance(node, yaml.ScalarNode):
+    if _is_scalar(node):
         if node.tag == "tag:yaml.org,2002:null":
             return "nothing"
         text = node.value if len(node.value) <= 40 else node.value[:40] + "..."
         return repr(text) if node.tag == _STR else text
-    if isinstance(node, yaml.SequenceNode):
+    if _is_sequence(node):
         return "a list"
     return "a mapping"
