@@ -458,6 +458,26 @@ def heist_cmd(
 lazy.defer(app)
 
 
+def leave(code: int) -> None:
+    """End a command that ran to its end: its output flushed and the exit hooks run, then out
+    at once, without the interpreter's teardown (freeing every module and object: 10-25 ms of
+    a short command, and serial time in a parallel one). Only the main thread may be left:
+    with another one alive, the normal exit (which waits for non-daemon threads)."""
+    import threading
+
+    if threading.active_count() > 1:
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`car runs | head`) or stream
+            code = code or 120  # what the interpreter exits with when its final flush fails
+    os._exit(code)
+
+
 def main() -> None:
     """Entry point: engine errors and usage errors become one clean line and a non-zero exit."""
     try:
@@ -500,7 +520,7 @@ def main() -> None:
             hard_exit(getattr(ki, "message", "interrupted"))
         if rv == 130:  # the CLI framework's answer to a KeyboardInterrupt: say so
             hard_exit("interrupted")
-        sys.exit(rv if isinstance(rv, int) else 0)
+        leave(rv if isinstance(rv, int) else 0)
     finally:
         # the command is over (its output written, its journal committed) and the interpreter
         # shuts down, putting back the default SIGINT handler: a Ctrl-C then would end the

@@ -119,18 +119,17 @@ def journal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 _PROBE = """
-import sys
+import atexit, sys
 sys.argv = ["car", *sys.argv[1:]]
-import cli
-try:
-    cli.main()
-except SystemExit:
-    pass
 heavy = ("pydantic", "sqlalchemy", "alembic", "scipy", "numpy", "engine.commands.counterfactual",
          "engine.commands.detect", "engine.commands.program", "engine.commands.traces",
          "engine.commands.serve", "engine.heist.session", "rich", "yaml", "multiprocessing",
          "importlib.metadata")
-sys.stderr.write("LOADED " + ",".join(m for m in heavy if m in sys.modules) + "\\n")
+# an exit hook: the command's end runs them (also when it skips the interpreter's teardown)
+atexit.register(lambda: sys.stderr.write(
+    "LOADED " + ",".join(m for m in heavy if m in sys.modules) + "\\n"))
+import cli
+cli.main()
 """
 
 
@@ -315,3 +314,65 @@ def test_no_terminal_is_told_as_rich_tells_it(
         task = bar.add_task("work", total=2)
         bar.update(task, completed=1, total=2)
     assert isinstance(bar, common._NoProgress) is common._plain(sys.stderr)
+
+
+_LEAVE = """
+import atexit, sys, threading, time
+import cli
+
+class Teardown:
+    def __del__(self):
+        sys.stderr.write("TORN DOWN\\n")
+
+keep = Teardown()  # freed only by the interpreter's teardown
+atexit.register(lambda: sys.stderr.write("HOOK\\n"))
+mode = sys.argv[1]
+if mode == "thread":
+    def late():
+        time.sleep(0.3)
+        sys.stdout.write("THREAD DONE\\n")
+    threading.Thread(target=late).start()
+elif mode == "broken":
+    class Broken:
+        def write(self, s):
+            return len(s)
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+    sys.stdout = Broken()
+sys.stdout.write("OUT\\n")
+cli.leave(0 if mode == "broken" else 3)
+"""
+
+
+def _leave(mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _LEAVE, mode], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_finished_command_leaves_without_teardown_but_with_its_hooks() -> None:
+    """`cli.leave`: the output flushed, the exit hooks run, the status kept, and no teardown
+    (an object only the teardown frees is never freed)."""
+    res = _leave("plain")
+    assert res.returncode == 3, res.stderr
+    assert res.stdout == "OUT\n"
+    assert "HOOK" in res.stderr
+    assert "TORN DOWN" not in res.stderr
+
+
+def test_leave_with_another_thread_alive_exits_normally() -> None:
+    """With a non-daemon thread alive, `leave` is the normal exit: it waits for the thread,
+    whose output arrives, and the teardown runs."""
+    res = _leave("thread")
+    assert res.returncode == 3, res.stderr
+    assert res.stdout == "OUT\nTHREAD DONE\n"
+    assert "HOOK" in res.stderr
+    assert "TORN DOWN" in res.stderr
+
+
+def test_leave_with_output_that_cannot_be_flushed_fails_as_the_interpreter_would() -> None:
+    """A final flush that fails (a closed pipe) ends with 120, the interpreter's own status
+    for it, and says nothing."""
+    res = _leave("broken")
+    assert res.returncode == 120, res.stderr
+    assert "Traceback" not in res.stderr
