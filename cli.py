@@ -461,11 +461,13 @@ lazy.defer(app)
 def leave(code: int) -> None:
     """End a command that ran to its end: its output flushed and the exit hooks run, then out
     at once, without the interpreter's teardown (freeing every module and object: 10-25 ms of
-    a short command, and serial time in a parallel one). Only the main thread may be left:
-    with another one alive, the normal exit (which waits for non-daemon threads)."""
+    a short command, and serial time in a parallel one). Daemon threads (a lease's heartbeat)
+    end with the process either way; with a non-daemon thread alive, the normal exit, which
+    waits for it."""
     import threading
 
-    if threading.active_count() > 1:
+    main = threading.main_thread()
+    if any(t is not main and not t.daemon for t in threading.enumerate()):
         sys.exit(code)
     import atexit
 

@@ -332,6 +332,8 @@ if mode == "thread":
         time.sleep(0.3)
         sys.stdout.write("THREAD DONE\\n")
     threading.Thread(target=late).start()
+elif mode == "daemon":
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
 elif mode == "broken":
     class Broken:
         def write(self, s):
@@ -350,10 +352,12 @@ def _leave(mode: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_finished_command_leaves_without_teardown_but_with_its_hooks() -> None:
+@pytest.mark.parametrize("mode", ["plain", "daemon"])
+def test_a_finished_command_leaves_without_teardown_but_with_its_hooks(mode: str) -> None:
     """`cli.leave`: the output flushed, the exit hooks run, the status kept, and no teardown
-    (an object only the teardown frees is never freed)."""
-    res = _leave("plain")
+    (an object only the teardown frees is never freed); also with a daemon thread alive (a
+    lease's heartbeat), which the normal exit would not wait for either."""
+    res = _leave(mode)
     assert res.returncode == 3, res.stderr
     assert res.stdout == "OUT\n"
     assert "HOOK" in res.stderr
