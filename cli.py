@@ -464,6 +464,9 @@ def leave(code: int) -> None:
     a short command, and serial time in a parallel one). Daemon threads (a lease's heartbeat)
     end with the process either way; with a non-daemon thread alive, the normal exit, which
     waits for it."""
+    # the command is over: a Ctrl-C now must not break into the exit hooks (main's `finally`
+    # ignores it from here on, the exit status stays the command's)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import threading
 
     main = threading.main_thread()
