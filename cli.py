@@ -460,10 +460,10 @@ lazy.defer(app)
 
 def leave(code: int) -> None:
     """End a command that ran to its end: its output flushed and the exit hooks run, then out
-    at once, without the interpreter's teardown (freeing every module and object: 10-25 ms of
-    a short command, and serial time in a parallel one). Daemon threads (a lease's heartbeat)
-    end with the process either way; with a non-daemon thread alive, the normal exit, which
-    waits for it."""
+    at once, without the interpreter's teardown (freeing every module and object: 6-48 ms of
+    a short command, and serial time in a parallel one; docs/decisions.md, 45). Daemon
+    threads (a lease's heartbeat) end with the process either way; with a non-daemon thread
+    alive, the normal exit, which waits for it."""
     # the command is over: a Ctrl-C now must not break into the exit hooks (main's `finally`
     # ignores it from here on, the exit status stays the command's)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
