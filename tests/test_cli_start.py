@@ -332,6 +332,13 @@ if mode == "thread":
         time.sleep(0.3)
         sys.stdout.write("THREAD DONE\\n")
     threading.Thread(target=late).start()
+elif mode == "sigint":
+    import os, signal
+    def interrupted_hook():  # a Ctrl-C landing while the exit hooks run
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        sys.stderr.write("HOOK DONE\\n")
+    atexit.register(interrupted_hook)
 elif mode == "daemon":
     threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
 elif mode == "broken":
@@ -380,3 +387,13 @@ def test_leave_with_output_that_cannot_be_flushed_fails_as_the_interpreter_would
     res = _leave("broken")
     assert res.returncode == 120, res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_ctrl_c_while_the_exit_hooks_run_changes_nothing() -> None:
+    """The command is over when `leave` runs: a SIGINT during its exit hooks neither breaks
+    into them (no traceback, every hook runs to its end) nor changes the exit status."""
+    res = _leave("sigint")
+    assert res.returncode == 3, res.stderr
+    assert res.stdout == "OUT\n"
+    assert "HOOK DONE" in res.stderr and "HOOK" in res.stderr.replace("HOOK DONE", "")
+    assert "Traceback" not in res.stderr and "KeyboardInterrupt" not in res.stderr
