@@ -275,6 +275,14 @@ class Journal:
         self._lock = threading.RLock()
         self._lineage_cache: dict[str, list[Segment]] = {}
         self._run_keys: dict[str, int] = {}
+        # runs rows and events rows never change once committed, so what this journal read of
+        # them (outside a write transaction) or committed itself is not read again: a branch
+        # looks up its own and its parent's row and the hash at its fork point (bounded;
+        # forgetting costs a read)
+        self._run_rows: dict[str, RunInfo] = {}
+        self._hashes: dict[tuple[str, int], str] = {}
+        # fork -> its parent's head when this journal created it (read under the write lock)
+        self._fork_heads: dict[str, int] = {}
         self._head_hash: dict[str, tuple[int, str]] = {}
         self._known_texts: set[bytes] = set()
         self._pending_texts: dict[bytes, bytes] = {}
@@ -555,6 +563,7 @@ class Journal:
         """Insert a runs row. A fork is a run with a parent pointer: O(1), nothing copied."""
         rid = run_id or self._ids()
         self._writable()
+        head: int | None = None
         with self._tx() as cur:
             root = rid
             if parent_run_id is not None:
@@ -569,16 +578,34 @@ class Journal:
                     )
                 root = parent.root_run_id
                 parent_run_id = parent.run_id
+            created = self._clock()
             cur.execute(
                 self._q(
                     "INSERT INTO runs (run_id, parent_run_id, fork_seq, root_run_id, scenario,"
                     " created_at, label) VALUES (?, ?, ?, ?, ?, ?, ?)"
                 ),
-                (rid, parent_run_id, fork_seq, root, scenario, self._clock(), label),
+                (rid, parent_run_id, fork_seq, root, scenario, created, label),
             )
+            # SQLite's run_key is the rowid (a trigger's inserts do not change it); the next
+            # insert does
+            key = cur.lastrowid if self.is_sqlite and self.keyed else None
             # the creating process is the run's writer until a recorder takes over or it ends
             self._put_lease(cur, rid)
+        if type(created) is str:  # what reading the row back gives
+            info = RunInfo(rid, parent_run_id, fork_seq, root, scenario, created, label)
+            self._remember_run(info)
+            if key:
+                self._run_keys[rid] = int(key)
+        if head is not None:
+            if len(self._fork_heads) >= 50_000:
+                self._fork_heads.clear()
+            self._fork_heads[rid] = head
         return rid
+
+    def _remember_run(self, info: RunInfo) -> None:
+        if len(self._run_rows) >= 50_000:
+            self._run_rows.clear()
+        self._run_rows[info.run_id] = info
 
     def fork(self, parent_run_id: str, fork_seq: int, *, label: str = "") -> str:
         """A child run that shares the parent's events with seq < fork_seq."""
@@ -588,6 +615,9 @@ class Journal:
         )
 
     def _run_row(self, cur: Any, run_id: str) -> RunInfo:
+        known = self._run_rows.get(run_id)
+        if known is not None:
+            return known
         key = ", run_key" if self.keyed else ""
         cur.execute(
             self._q(
@@ -611,7 +641,10 @@ class Journal:
             if len(found) > 1:
                 raise UnknownRun(f"run id prefix {run_id!r} is ambiguous: {found!r}")
             raise UnknownRun(f"unknown run id {run_id!r} (see `car runs`)")
-        return RunInfo(*row)
+        info = RunInfo(*row)
+        if not self._in_tx:  # committed: only create_run inserts runs rows
+            self._remember_run(info)
+        return info
 
     def _key(self, cur: Any, run_id: str) -> Any:
         """What the events rows of run `run_id` hold in `run_col`: its integer run_key
@@ -747,12 +780,20 @@ class Journal:
         if seq < 0:
             return ""
         owner = self._owner(run_id, seq)
+        known = self._hashes.get((owner, seq))
+        if known is not None:
+            return known
         where, args = self._span(cur, owner, seq, seq + 1)
         cur.execute(self._q(f"SELECT hash FROM events WHERE {where}"), args)
         row = cur.fetchone()
         if row is None:
             raise JournalError(f"run {run_id!r} has no event at seq {seq}")
-        return hash_text(row[0])
+        found = hash_text(row[0])
+        if not self._in_tx:  # a committed row
+            if len(self._hashes) >= 4096:
+                self._hashes.clear()
+            self._hashes[(owner, seq)] = found
+        return found
 
     def _parent(self, run_id: str) -> str | None:
         """The run `run_id` forked from (None for a root)."""
@@ -971,8 +1012,12 @@ class Journal:
         if len(segments) < 2 or segments[-1].start != seq:
             return None
         parent = segments[-2].run_id
-        with self._read() as cur:
-            head = self._head(cur, parent)
+        # as it was when this journal forked the run, else as it is now: either is a state of
+        # the parent whose events the seeding may name
+        head = self._fork_heads.get(run_id)
+        if head is None:
+            with self._read() as cur:
+                head = self._head(cur, parent)
         return (
             tuple((g.run_id, g.start, g.stop) for g in segments[:-1]),
             seq,
@@ -1112,6 +1157,9 @@ class Journal:
 
     def _fetch_own(self, run_id: str, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
         """(seq, version, stored payload) of the run's own rows with lo <= seq < hi."""
+        lo = max(lo, self.lineage(run_id)[-1].start)  # a branch has no own rows before its fork
+        if lo >= hi:
+            return []
         with self._read() as cur:
             where, args = self._span(cur, run_id, lo, hi)
             cur.execute(

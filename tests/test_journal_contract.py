@@ -226,6 +226,47 @@ class JournalContract:
         run = record(journal, 0)
         assert journal.run(run[:6]).run_id == run
 
+    def test_what_a_writer_remembers_is_what_the_store_holds(
+        self, journal: Journal, second: Journal
+    ) -> None:
+        """The runs rows, run keys and fork-point hashes a journal remembers (of what it
+        created or read) are those a journal that never saw them reads from the store; and
+        appends keyed by a remembered run key land in that run."""
+        run = record(journal, 2)
+        child = journal.fork(run, 4, label="b")
+        journal.append(child, step_events(1, "c"), 4)
+        grandchild = journal.fork(child, 7)
+        journal.append(grandchild, step_events(2, "g"), 7)
+        for r in (run, child, grandchild):
+            assert journal.run(r) == second.run(r)
+            assert journal.run_key(r) == second.run_key(r)
+            assert journal.lineage(r) == second.lineage(r)
+        for seq in (3, 6):
+            assert journal.hash_at(grandchild, seq) == second.hash_at(grandchild, seq)
+        texts = [s.event.text for s in second.read(grandchild) if s.kind == "chat_message"]
+        assert texts == ["hello 0", "c 1", "g 2"]
+        assert second.verify().ok
+
+    def test_a_run_whose_transaction_failed_is_not_remembered(
+        self, journal: Journal, second: Journal, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A fork whose transaction rolls back after its runs row was inserted leaves no run,
+        neither in the store nor in what the journal that tried remembers."""
+        run = record(journal, 1)
+
+        def refuse(cur: object, run_id: str) -> None:
+            raise RuntimeError("the lease could not be written")
+
+        monkeypatch.setattr(journal, "_ids", lambda: "f0f0f0f0f0f0")
+        monkeypatch.setattr(journal, "_put_lease", refuse)
+        with pytest.raises(RuntimeError, match="lease"):
+            journal.fork(run, 2)
+        monkeypatch.undo()
+        for j in (journal, second):
+            with pytest.raises(UnknownRun):
+                j.run("f0f0f0f0f0f0")
+        assert [r.run_id for r in journal.runs()] == [run]
+
     def test_upcaster_reads_old_rows(self, journal: Journal) -> None:
         """A version-1 tool_result row (one `text` field) reads back as a version-2 event."""
         import msgspec
