@@ -18,7 +18,6 @@ Three promises, whatever moment the user presses Ctrl-C or kills the command:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import mmap
 import os
@@ -122,7 +121,9 @@ def interruptible() -> Iterator[None]:
 def _set_parent_death_signal() -> None:
     if not sys.platform.startswith("linux"):
         return
-    with contextlib.suppress(OSError, AttributeError):
+    with contextlib.suppress(OSError, AttributeError, ImportError):
+        import ctypes  # in the forked worker only: the command's start-up does not need it
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 

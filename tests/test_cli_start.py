@@ -118,19 +118,29 @@ def journal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return path, run
 
 
-_PROBE = """
+def _probe(heavy: tuple[str, ...]) -> str:
+    """A `python -c` program: `car` with its arguments, then a line on stderr naming which of
+    the modules `heavy` the process had loaded by its end."""
+    return f"""
 import atexit, sys
 sys.argv = ["car", *sys.argv[1:]]
-heavy = ("pydantic", "sqlalchemy", "alembic", "scipy", "numpy", "engine.commands.counterfactual",
-         "engine.commands.detect", "engine.commands.program", "engine.commands.traces",
-         "engine.commands.serve", "engine.heist.session", "rich", "yaml", "multiprocessing",
-         "importlib.metadata")
+heavy = {heavy!r}
 # an exit hook: the command's end runs them (also when it skips the interpreter's teardown)
 atexit.register(lambda: sys.stderr.write(
     "LOADED " + ",".join(m for m in heavy if m in sys.modules) + "\\n"))
 import cli
 cli.main()
 """
+
+
+_PROBE = _probe(
+    (
+        *("pydantic", "sqlalchemy", "alembic", "scipy", "numpy"),
+        *("engine.commands.counterfactual", "engine.commands.detect", "engine.commands.program"),
+        *("engine.commands.traces", "engine.commands.serve", "engine.heist.session"),
+        *("rich", "yaml", "multiprocessing", "importlib.metadata"),
+    )
+)
 
 
 @pytest.mark.parametrize(
@@ -238,6 +248,38 @@ def test_contrastive_attribution_does_not_load_scipy_or_numpy() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert res.stdout.strip() == "[]", res.stdout
+
+
+@pytest.fixture(scope="module")
+def failed_heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The seed-7 default heist (24 steps), which fails: a run to attribute."""
+    path = tmp_path_factory.mktemp("attribute") / "j.db"
+    with Journal(path) as j:
+        run = record_heist(j, SimPolicy(), seed=7).run_id
+    return path, run
+
+
+def test_default_attribution_loads_only_what_it_runs(failed_heist: tuple[Path, str]) -> None:
+    """The command process of a default `car attribute -c 2` (whose start-up is serial time in
+    front of its worker) loads neither SciPy nor numpy (Shapley's), the standard library's
+    logging (nothing is logged at the default level), concurrent.futures (no thread pool),
+    ctypes (only a forked worker sets its parent-death signal) nor the trace importer (only
+    `car import` writes imported runs) — measured in the process as it ends."""
+    path, run = failed_heist
+    unused = ("scipy", "numpy", "logging", "concurrent.futures", "ctypes", "engine.otel.importer")
+    probe = _probe(unused)
+    command = ["--journal", str(path), "attribute", run, "-c", "2", "--json"]
+    res = subprocess.run(
+        [sys.executable, "-c", probe, *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["locus"] is not None and report["executor"]["workers"] == 2
+    line = next(x for x in res.stderr.splitlines() if x.startswith("LOADED "))
+    assert line == "LOADED ", line
 
 
 def test_normal_quantile_agrees_with_scipy() -> None:

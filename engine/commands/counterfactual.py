@@ -179,7 +179,7 @@ def _clip(text: str, n: int) -> str:
 @stoppable
 def ensure_rerunnable(j: Any, run_id: str) -> None:
     """Imported runs (OTLP traces) have no program to re-run: one line, before any work."""
-    from engine.otel.importer import ensure_rerunnable as check
+    from engine.otel.imported import ensure_rerunnable as check
 
     check(j, run_id)
 

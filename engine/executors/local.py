@@ -7,7 +7,6 @@ the pool started (and the branch bases computed so far), so nothing is shipped b
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,8 @@ from engine.executors.base import ExecutorStats, Job, OnDone
 from engine.workers import GRACE, STOP, Interrupted, WorkerPool, check
 
 if TYPE_CHECKING:
+    import concurrent.futures as cf
+
     from engine.interventions import BranchResult, ParentInfo
     from engine.journal import Journal
 
@@ -105,6 +106,10 @@ class LocalExecutor:
             finally:
                 journal.parallel_writers = before
         elif self.mode == "threads":
+            # imported here: its import (and the standard library's logging with it) is ~2 ms
+            # of the start-up of every command that never runs a thread pool
+            import concurrent.futures as cf
+
             if self._threads is None:
                 # as wide as the bound: a default pool would silently cap the concurrency
                 self._threads = cf.ThreadPoolExecutor(max_workers=self.concurrency)

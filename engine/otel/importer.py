@@ -31,17 +31,12 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
-from engine.errors import EngineError
 from engine.journal import Journal
+from engine.otel.imported import IMPORTED_SCENARIO
 from engine.otel.otlp import Span, TraceImportError, parse_spans
 
-IMPORTED_SCENARIO = "imported"
 DEFAULT_AGENT = "assistant"
 _LLM_OPERATIONS = {"chat", "text_completion", "generate_content", "completion"}
-
-
-class NotReRunnable(EngineError):
-    """The run was imported from a trace: there is no program to re-run."""
 
 
 # ----------------------------------------------------------------------- interpretation
@@ -634,14 +629,3 @@ def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[Imp
 def import_file(journal: Journal, path: str | Path) -> list[ImportedRun]:
     """`car import FILE`: every trace of the file as a run (nothing written if it is malformed)."""
     return import_traces(journal, read_traces(path))
-
-
-def ensure_rerunnable(journal: Journal, run_id: str) -> None:
-    """Fork, fidelity and attribution re-run a program; an imported trace has none."""
-    info = journal.run(run_id)
-    if info.scenario == IMPORTED_SCENARIO:
-        raise NotReRunnable(
-            f"run {info.run_id!r} was imported from a trace and has no program to re-run; "
-            "forking and replay need a run recorded by car (a heist, or a program recorded "
-            "through car)"
-        )
