@@ -7,6 +7,7 @@ skip: a server that cannot be started makes the tests that need it error.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -33,3 +34,17 @@ def llama_base_url() -> Iterator[str]:
     SmolLM2-135M-Instruct."""
     with llama_server() as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def failed_heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A journal holding the seed-7 default heist (24 steps), which fails: a run to fork,
+    attribute or interrupt. One per test module (its tests add branches to it)."""
+    from engine.heist.session import record_heist
+    from engine.heist.sim import SimPolicy
+    from engine.journal import Journal
+
+    path = tmp_path_factory.mktemp("failed-heist") / "j.db"
+    with Journal(path) as j:
+        run = record_heist(j, SimPolicy(), seed=7).run_id
+    return path, run

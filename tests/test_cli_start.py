@@ -250,15 +250,6 @@ def test_contrastive_attribution_does_not_load_scipy_or_numpy() -> None:
     assert res.stdout.strip() == "[]", res.stdout
 
 
-@pytest.fixture(scope="module")
-def failed_heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The seed-7 default heist (24 steps), which fails: a run to attribute."""
-    path = tmp_path_factory.mktemp("attribute") / "j.db"
-    with Journal(path) as j:
-        run = record_heist(j, SimPolicy(), seed=7).run_id
-    return path, run
-
-
 def test_default_attribution_loads_only_what_it_runs(failed_heist: tuple[Path, str]) -> None:
     """The command process of a default `car attribute -c 2` (whose start-up is serial time in
     front of its worker) loads neither SciPy nor numpy (Shapley's), the standard library's

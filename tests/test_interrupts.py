@@ -26,15 +26,6 @@ from engine.journal import Journal
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A journal with the seed-7 heist (a failed run, 24 steps)."""
-    path = tmp_path_factory.mktemp("interrupts") / "j.db"
-    with Journal(path) as j:
-        run = record_heist(j, SimPolicy(), seed=7).run_id
-    return path, run
-
-
 def start(journal: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "cli", "--journal", str(journal), *args],
@@ -104,11 +95,11 @@ COMMANDS = [
 
 @pytest.mark.parametrize(("name", "argv"), COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_ctrl_c_stops_quickly_and_closes_open_branches(
-    heist: tuple[Path, str], name: str, argv: list[str]
+    failed_heist: tuple[Path, str], name: str, argv: list[str]
 ) -> None:
     """SIGINT in the middle of the work: exit 130 within 2 s with one line on stderr, no
     process of the command left, and every branch it opened closed as stopped."""
-    journal, run = heist
+    journal, run = failed_heist
     seed = str(zlib.crc32(name.encode()) % 10_000)
     args = [run if a == "RUN" else seed if a == "SEED" else a for a in argv]
     before = branch_count(journal, run)
@@ -134,12 +125,12 @@ def test_ctrl_c_stops_quickly_and_closes_open_branches(
         assert j.verify().ok
 
 
-def test_kill_9_of_attribute_leaves_no_worker(heist: tuple[Path, str]) -> None:
+def test_kill_9_of_attribute_leaves_no_worker(failed_heist: tuple[Path, str]) -> None:
     """SIGKILL of `car attribute -c 2` (nothing can run in the killed process): its worker
     process notices and exits within a few seconds, closing its branch as stopped; the branch
     the command was running itself reads as abandoned (its writer is gone), never as
     recording."""
-    journal, run = heist
+    journal, run = failed_heist
     for attempt in range(3):
         before = branch_count(journal, run)
         proc = start(journal, "attribute", run, "--all-steps", "--seed", str(500 + attempt))
@@ -166,12 +157,12 @@ def loaded(pid: int, library: str) -> bool:
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.02, 0.05, 0.1, 0.2])
-def test_ctrl_c_while_starting_is_one_line(heist: tuple[Path, str], delay: float) -> None:
+def test_ctrl_c_while_starting_is_one_line(failed_heist: tuple[Path, str], delay: float) -> None:
     """SIGINT while the command is still importing and opening its journal: one line on
     stderr and exit 130, never a traceback. The signal is sent `delay` seconds after the
     program's own imports began (msgspec, the first compiled module it loads, is mapped);
     before that Python itself is still starting and reports a signal its own way."""
-    journal, run = heist
+    journal, run = failed_heist
     proc = start(journal, "fork", run, "--at", "2", "--do", "resample", "-n", "5")
     deadline = time.monotonic() + 30
     while not loaded(proc.pid, "msgspec") and proc.poll() is None:
@@ -229,14 +220,14 @@ def test_ctrl_c_of_validate_and_fidelity(long_heist: tuple[Path, str], argv: lis
 
 
 @pytest.mark.parametrize("concurrency", ["1", "2"])
-def test_ctrl_c_while_the_server_hangs(heist: tuple[Path, str], concurrency: str) -> None:
+def test_ctrl_c_while_the_server_hangs(failed_heist: tuple[Path, str], concurrency: str) -> None:
     """do_policy branches against a server that accepts the connection and never answers (a
     real socket, a real hang): Ctrl-C still ends the command within 2 s, exit 130, and the
     branches stuck in their call are closed as stopped by the command itself."""
     import socket
     import threading
 
-    journal, run = heist
+    journal, run = failed_heist
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
@@ -300,12 +291,14 @@ def test_two_threads_ending_the_process_write_one_line() -> None:
     assert res.stderr.splitlines() == ["interrupted"]
 
 
-def test_ctrl_c_as_the_command_ends_is_never_a_death_by_signal(heist: tuple[Path, str]) -> None:
+def test_ctrl_c_as_the_command_ends_is_never_a_death_by_signal(
+    failed_heist: tuple[Path, str],
+) -> None:
     """SIGINT in the last moments of a command, around the time it takes to run: its output is
     written and its journal committed, and the interpreter is shutting down (when Python puts
     back the default SIGINT handler). The exit is 0 (the work was done) or 130 with one line,
     never death by the signal (-2) with no line. 30 signals spread over +-60 ms of the end."""
-    journal, run = heist
+    journal, run = failed_heist
     argv = ["fork", run, "--at", "2", "--do", "resample", "-n", "3"]
     took = []
     for _ in range(3):
