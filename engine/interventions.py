@@ -298,6 +298,7 @@ def parent_info(journal: Journal, run_id: str) -> ParentInfo:
     tool_steps: set[int] = set()
     outcome: dict[str, Any] = {}
     for stored in journal.read(info.run_id):
+        check()  # a stop request between two events: the pass over a long run takes seconds
         e = stored.event
         if isinstance(e, ev.ChatMessage) and e.step is not None:
             actions[e.step] = e.text
@@ -378,6 +379,7 @@ def prepare_bases(journal: Journal, parent: ParentInfo, upto: int | None = None)
     k = 0
     made = 0
     for stored in journal.read(parent.run_id):
+        check()  # as in parent_info
         e = stored.event
         while e.step is not None and e.step >= k and k < last:
             _remember((journal.url, parent.run_id, k), BranchBase(stored.seq, s, tuple(lines)))

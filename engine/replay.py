@@ -33,9 +33,11 @@ class RecordedStep(msgspec.Struct, frozen=True):
 
 
 def recorded_steps(journal: Journal, run_id: str) -> Iterator[RecordedStep]:
-    """Each step's rebuilt s_k with its recorded LLM call, in one pass over the history."""
+    """Each step's rebuilt s_k with its recorded LLM call, in one pass over the history. A stop
+    request (Ctrl-C) is honoured between two events: the pass over a long run takes seconds."""
     s = State()
     for stored in journal.read(run_id):
+        check()
         e = stored.event
         if isinstance(e, ev.LlmCall) and e.step is not None:
             yield RecordedStep(e.step, e.agent, s, e)
@@ -176,6 +178,7 @@ def fidelity(
     # recording, anything else is not a replay, so say where the journal and the rebuild part
     todo: list[tuple[RecordedStep, AgentView, list[dict[str, str]]]] = []
     for step in steps:
+        check()
         view, messages = _view_and_messages(scenario, step, info.run_id)
         if messages != step.call.request:
             raise ReplayDivergence(

@@ -219,6 +219,40 @@ def test_ctrl_c_of_validate_and_fidelity(long_heist: tuple[Path, str], argv: lis
     assert gone_within(proc.pid, 2.0) == []
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["attribute", "RUN"],
+        ["fork", "RUN", "--at", "8000", "--do", "resample", "-n", "4"],
+        ["fidelity", "RUN"],
+    ],
+    ids=["attribute", "fork", "fidelity"],
+)
+def test_ctrl_c_while_a_long_run_is_read_stops_at_once(
+    long_heist: tuple[Path, str], argv: list[str]
+) -> None:
+    """Before its first forward run a command reads the whole parent run (its actions, its
+    branch bases, every request): seconds for the 9,000-step heist, and Ctrl-C then stops it
+    within a second, not once the reading is done (1.2-2.2 s after the signal, before each
+    pass asked between two events)."""
+    journal, run = long_heist
+    proc = start(journal, *[run if a == "RUN" else a for a in argv])
+    deadline = time.monotonic() + 30
+    while not loaded(proc.pid, "msgspec") and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.5)  # its imports done, the reading begun
+    if proc.poll() is not None:
+        pytest.fail(f"finished before the signal: {proc.communicate()}")
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - t0 < 1.0
+    assert stderr.strip() == "interrupted", stderr
+    assert gone_within(proc.pid, 2.0) == []
+
+
 @pytest.mark.parametrize("concurrency", ["1", "2"])
 def test_ctrl_c_while_the_server_hangs(failed_heist: tuple[Path, str], concurrency: str) -> None:
     """do_policy branches against a server that accepts the connection and never answers (a
