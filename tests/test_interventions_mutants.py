@@ -183,9 +183,10 @@ def test_parent_info_of_the_recorded_run(recorded: tuple[Journal, str]) -> None:
 def test_stop_before_a_branch_starts(recorded: tuple[Journal, str]) -> None:
     """With a stop requested, a branch job does not start: stopped, no run, 'interrupted'."""
     j, run = recorded
+    parent = parent_info(j, run)  # which, with a stop requested, would stop itself
     STOP.set()
     try:
-        r = _branch_in(j, parent_info(j, run), BranchSpec(DoResample(1), 5), None)
+        r = _branch_in(j, parent, BranchSpec(DoResample(1), 5), None)
     finally:
         STOP.clear()
     assert (r.run_id, r.status, r.bad, r.error, r.reused) == (
