@@ -188,6 +188,28 @@ def long_heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return path, run
 
 
+def _interrupt(journal: Path, argv: list[str], wait: float, within: float) -> None:
+    """Start `car` with `argv`, send SIGINT `wait` seconds after its own start, and check that
+    it stopped within `within` seconds with one line, exit 130 and no process left."""
+    proc = start(journal, *argv)
+    # the program's own start (msgspec mapped: its imports run, its SIGINT handler is set), not
+    # a fixed delay: on a loaded machine Python itself may still be starting after a second
+    deadline = time.monotonic() + 30
+    while not loaded(proc.pid, "msgspec") and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(wait)
+    if proc.poll() is not None:
+        pytest.fail(f"finished before the signal: {proc.communicate()}")
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - t0 < within
+    assert stderr.strip() == "interrupted", stderr
+    assert gone_within(proc.pid, 2.0) == []
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -200,23 +222,7 @@ def long_heist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_ctrl_c_of_validate_and_fidelity(long_heist: tuple[Path, str], argv: list[str]) -> None:
     """validate and fidelity stop within 2 s of SIGINT with one line and exit 130."""
     journal, run = long_heist
-    proc = start(journal, *[run if a == "RUN" else a for a in argv])
-    # the program's own start (msgspec mapped: its imports run, its SIGINT handler is set), not
-    # a fixed delay: on a loaded machine Python itself may still be starting after a second
-    deadline = time.monotonic() + 30
-    while not loaded(proc.pid, "msgspec") and proc.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(1.2)
-    if proc.poll() is not None:
-        pytest.fail(f"finished before the signal: {proc.communicate()}")
-    t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=10)
-    assert proc.returncode == 130, stderr
-    assert time.monotonic() - t0 < 2.0
-    assert stderr.strip() == "interrupted", stderr
-    assert gone_within(proc.pid, 2.0) == []
+    _interrupt(journal, [run if a == "RUN" else a for a in argv], wait=1.2, within=2.0)
 
 
 @pytest.mark.parametrize(
@@ -234,23 +240,9 @@ def test_ctrl_c_while_a_long_run_is_read_stops_at_once(
     """Before its first forward run a command reads the whole parent run (its actions, its
     branch bases, every request): seconds for the 9,000-step heist, and Ctrl-C then stops it
     within a second, not once the reading is done (1.2-2.2 s after the signal, before each
-    pass asked between two events)."""
+    pass asked between two events). The signal comes 0.5 s after its imports, in the reading."""
     journal, run = long_heist
-    proc = start(journal, *[run if a == "RUN" else a for a in argv])
-    deadline = time.monotonic() + 30
-    while not loaded(proc.pid, "msgspec") and proc.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.5)  # its imports done, the reading begun
-    if proc.poll() is not None:
-        pytest.fail(f"finished before the signal: {proc.communicate()}")
-    t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=10)
-    assert proc.returncode == 130, stderr
-    assert time.monotonic() - t0 < 1.0
-    assert stderr.strip() == "interrupted", stderr
-    assert gone_within(proc.pid, 2.0) == []
+    _interrupt(journal, [run if a == "RUN" else a for a in argv], wait=0.5, within=1.0)
 
 
 @pytest.mark.parametrize("concurrency", ["1", "2"])
