@@ -439,6 +439,11 @@ def test_attribution_table(client: httpx.Client, finished: str) -> None:
         client.post(f"/api/sessions/{finished}/attribution", json={"method": "magic"}).status_code
         == 422
     )
+    # the bound `car attribute --half-width` has, refused by the body itself and in /docs
+    half = client.post(f"/api/sessions/{finished}/attribution", json={"half_width": 0.5})
+    assert half.status_code == 422 and "half_width" in half.text
+    spec = client.get("/openapi.json").json()["components"]["schemas"]["AttributionRequest"]
+    assert spec["properties"]["half_width"]["exclusiveMaximum"] == 0.5
 
 
 def test_too_many_heists_is_429(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ class AttributionRequest(_Body):
     budget: int = Field(default=2000, ge=1, le=20000)
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     concurrency: int = Field(default=1, ge=1, le=16)
-    half_width: float = Field(default=0.1, gt=0.0, le=1.0)
+    half_width: float = Field(default=0.1, gt=0.0, lt=0.5)
     # like `car attribute --all-steps`: by default the scan stops at the point of commitment
     all_steps: bool = False
 
