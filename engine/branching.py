@@ -98,9 +98,9 @@ def attribute(
     out["branches_added"] = model.created
     out["branches_reused"] = model.reused
     if stats is not None:
+        # a forward run that failed (on Ray: lost twice with its worker) ended the command
+        # with an error, so what is reported was run in full
         out["executor"] = stats
-        # forward runs lost twice with their worker, not scored
-        out["forward_runs_failed"] = stats.get("lost", 0)
     return out
 
 
@@ -187,7 +187,6 @@ class BranchForwardModel:
         reuse: bool = True,
         executor: ExecutorOptions | None = None,
     ) -> None:
-        self.journal = journal
         self.parent: ParentInfo = parent_info(journal, run_id)
         if self.parent.status != "completed":
             raise InterventionError(
@@ -199,8 +198,6 @@ class BranchForwardModel:
                 f"run {self.parent.run_id!r} did not fail (its outcome is ok); attribution "
                 "explains a bad outcome"
             )
-        self.concurrency = concurrency
-        self.policy_override = policy_override
         self._agents = [self.parent.agents.get(k) for k in range(self.parent.steps)]
         self.forward_runs = 0
         self.runner = BranchRunner(

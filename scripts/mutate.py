@@ -130,6 +130,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_validate_family.py",
     ],
     "engine/branching.py": [
+        "tests/test_branching_mutants.py",
         "tests/test_attribute_reuse.py",
     ],
     "engine/heist/tools.py": [

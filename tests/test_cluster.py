@@ -131,7 +131,7 @@ def test_attribution_on_ray_equals_local_branch_by_branch(
     )
     ray_branches = new_branches(j, run, before)
     assert local["executor"]["name"] == "local" and remote["executor"]["name"] == "ray"
-    assert remote["executor"]["workers"] == 2 and remote["forward_runs_failed"] == 0
+    assert remote["executor"]["workers"] == 2 and remote["executor"]["lost"] == 0
     assert local["forward_runs"] == remote["forward_runs"] == len(local_branches) > 50
     assert set(local_branches) == set(ray_branches)
     for label, rid in local_branches.items():
