@@ -3,6 +3,7 @@
     scripts/mutate                      # every module of MODULES, one after the other
     scripts/mutate engine/state.py      # one module (or several)
     scripts/mutate --list               # the modules and the tests each one runs
+    scripts/mutate engine/journal.py --functions Journal.create_run,_hash_at   # a change's
 
 Each module is mutated in a scratch copy of the project (.mutate/<module>/, never the work
 tree) and only the fast tests that matter for it run against each mutant (MODULES below).
@@ -281,10 +282,21 @@ class Score:
     unchecked: int = 0  # mutants not run yet (an interrupted run): left out of the score
     population: int = 0  # all mutants of the module when only a sample was run, else 0
     seed: int | None = None  # the sample's seed
+    functions: list[str] | None = None  # only these functions' mutants were run
 
     @property
     def sampled(self) -> bool:
         return self.population > 0
+
+    @property
+    def run(self) -> str:
+        """What part of the module was run, for the summary."""
+        if not self.sampled:
+            return "whole"
+        part = f"functions {', '.join(self.functions)}" if self.functions else "sample"
+        if self.functions and self.seed is None:
+            return f"{part} ({self.population} mutants in the module)"
+        return f"{part} of {self.population}, seed {self.seed}"
 
     @property
     def value(self) -> float:
@@ -403,6 +415,21 @@ def sample_file(ws: Path) -> Path:
     return ws / "sample.json"
 
 
+def function_of(name: str) -> str:
+    """`Class.method` or `function` of a mutant name such as
+    `engine.journal.xǁJournalǁ_run_row__mutmut_3` or `engine.journal.x_chain_hash__mutmut_1`."""
+    stem = name.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0]
+    if stem.startswith("xǁ"):
+        return ".".join(part for part in stem[2:].split("ǁ") if part)
+    return stem.removeprefix("x_")
+
+
+def of_functions(names: list[str], functions: list[str]) -> list[str]:
+    """The mutants of the named functions: `Class.method`, or a bare name (any class's)."""
+    wanted = set(functions)
+    return [n for n in names if {function_of(n), function_of(n).rsplit(".", 1)[-1]} & wanted]
+
+
 def run_module(
     module: str,
     jobs: int,
@@ -410,6 +437,7 @@ def run_module(
     report_only: bool = False,
     sample: int | None = None,
     seed: int = 0,
+    functions: list[str] | None = None,
 ) -> Score:
     tests = MODULES[module]
     missing = [t for t in tests if not (ROOT / t).exists()]
@@ -425,15 +453,30 @@ def run_module(
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("MUTANT_UNDER_TEST", None)
     chosen: list[str] = []
-    if sample is not None:
+    if sample is not None or functions:
         names = all_mutants(module, ws, env)
-        chosen = draw(names, sample, seed)
+        chosen = names
+        if functions:
+            chosen = of_functions(names, functions)
+            if not chosen:
+                sys.exit(f"error: {module} has no mutants in {', '.join(functions)}")
+        if sample is not None:
+            chosen = draw(chosen, sample, seed)
+        drawn_seed = seed if sample is not None else None
         sample_file(ws).write_text(
             json.dumps(
-                {"seed": seed, "size": len(chosen), "population": len(names), "names": chosen}
+                {
+                    "seed": drawn_seed,
+                    "functions": functions or None,
+                    "size": len(chosen),
+                    "population": len(names),
+                    "names": chosen,
+                }
             )
         )
-        print(f"    SAMPLE: {len(chosen)} of {len(names)} mutants, seed {seed}", flush=True)
+        what = f"of {', '.join(functions)} " if functions else ""
+        how = f", seed {seed}" if sample is not None else ""
+        print(f"    SAMPLE: {len(chosen)} of {len(names)} mutants {what}{how}".rstrip(), flush=True)
     log = ws / "mutmut.log"
     with log.open("w") as fh:
         proc = subprocess.run(
@@ -457,10 +500,10 @@ def collect(module: str, ws: Path, seconds: float) -> Score:
     meta = ws / "mutants" / (module + ".meta")
     data = json.loads(meta.read_text())
     codes: dict[str, int | None] = data["exit_code_by_key"]
-    population, seed = 0, None
+    population, seed, functions = 0, None, None
     if sample_file(ws).exists():
         drawn = json.loads(sample_file(ws).read_text())
-        population, seed = len(codes), drawn["seed"]
+        population, seed, functions = len(codes), drawn["seed"], drawn.get("functions")
         # only the drawn mutants count: a result left from an earlier run is not part of it
         codes = {name: codes.get(name) for name in drawn["names"]}
     eq = equivalents()
@@ -492,6 +535,7 @@ def collect(module: str, ws: Path, seconds: float) -> Score:
         unchecked,
         population,
         seed,
+        functions,
     )
 
 
@@ -518,6 +562,12 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=0, help="the seed of --sample (default 0)")
     ap.add_argument(
+        "--functions",
+        metavar="NAMES",
+        help="run only the mutants of these functions, comma-separated (`Class.method` or a"
+        " bare name): what a change touched; the score says so",
+    )
+    ap.add_argument(
         "--report",
         action="store_true",
         help="only print the scores of the last run (also of an interrupted one)",
@@ -531,6 +581,7 @@ def main() -> None:
         return
     if opts.sample is not None and opts.sample < 1:
         sys.exit("error: --sample needs a positive number of mutants")
+    functions = [f.strip() for f in (opts.functions or "").split(",") if f.strip()] or None
     chosen = opts.modules or list(MODULES)
     unknown = [m for m in chosen if m not in MODULES]
     if unknown:
@@ -540,7 +591,9 @@ def main() -> None:
         print(f"==> {module}: {' '.join(MODULES[module])}", flush=True)
         for pattern, why in NOT_MUTATED.get(module, {}).items():
             print(f"    not mutated: {pattern}() ({why})")
-        s = run_module(module, opts.jobs, opts.verbose, opts.report, opts.sample, opts.seed)
+        s = run_module(
+            module, opts.jobs, opts.verbose, opts.report, opts.sample, opts.seed, functions
+        )
         scores.append(s)
         print(
             f"    {s.caught} of {s.total - s.equivalent} non-equivalent mutants killed "
@@ -549,8 +602,8 @@ def main() -> None:
         )
         if s.sampled:
             print(
-                f"    SAMPLED: {s.total + s.unchecked} of {s.population} mutants drawn "
-                f"with seed {s.seed}; the score is the sample's, not the whole module's"
+                f"    SAMPLED: {s.total + s.unchecked} of {s.population} mutants ({s.run});"
+                " the score is theirs, not the whole module's"
             )
         if s.unchecked:
             print(f"    PARTIAL: {s.unchecked} mutants not checked (the run was interrupted)")
@@ -561,10 +614,9 @@ def main() -> None:
     print()
     print(f"{'module':40} {'mutants':>8} {'equiv':>6} {'killed':>7} {'score':>7} {'time':>6}  run")
     for s in scores:
-        run = f"sample of {s.population}, seed {s.seed}" if s.sampled else "whole"
         print(
             f"{s.module:40} {s.total:8d} {s.equivalent:6d} {s.caught:7d} "
-            f"{100 * s.value:6.1f}% {s.seconds:5.0f}s  {run}"
+            f"{100 * s.value:6.1f}% {s.seconds:5.0f}s  {s.run}"
         )
     below = [s.module for s in scores if s.value < TARGET]
     if below:
