@@ -474,9 +474,9 @@ def run_module(
                 }
             )
         )
-        what = f"of {', '.join(functions)} " if functions else ""
+        what = f" of {', '.join(functions)}" if functions else ""
         how = f", seed {seed}" if sample is not None else ""
-        print(f"    SAMPLE: {len(chosen)} of {len(names)} mutants {what}{how}".rstrip(), flush=True)
+        print(f"    SAMPLE: {len(chosen)} of {len(names)} mutants{what}{how}", flush=True)
     log = ws / "mutmut.log"
     with log.open("w") as fh:
         proc = subprocess.run(
