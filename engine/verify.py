@@ -247,7 +247,14 @@ class _Checker:
         if not self.sqlite:
             return
         rows = self.query("PRAGMA quick_check")
-        bad = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+        # one finding a line of SQLite's report, without its "*** in database main ***" banner
+        bad = [
+            line.strip()
+            for r in rows
+            if str(r[0]) != "ok"
+            for line in str(r[0]).splitlines()
+            if line.strip() and not line.startswith("*** in database ")
+        ]
         for line in bad[:10]:
             self.add(None, None, f"database file damaged: {line}", "damaged")
         if len(bad) > 10:
@@ -641,9 +648,13 @@ class _Checker:
             if self.sqlite and step_type not in ("integer", "null"):
                 self.add(rid, seq, f"step cell is a {step_type}, not an integer", "type")
             body = bytes(payload) if payload is not None else b""
-            if not isinstance(version, int):
-                self.add(rid, seq, f"version cell {version!r} is not an integer", "type")
-                version = -1
+            if not isinstance(version, int) or not 0 <= version < 1 << 32:
+                # nothing to hash the row by (the chain packs it as 32 bits) nor to decode it
+                # by: said, and the run read on from the row's stored hash
+                what = "is not an integer" if not isinstance(version, int) else "is out of range"
+                self.add(rid, seq, f"version cell {version!r} {what}", "type")
+                resync, prev, expected = True, stored_hash, seq + 1
+                continue
             if version >= 6:
                 if packing.is_packed(body):
                     packed.add(seq)
