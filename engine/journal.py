@@ -631,12 +631,19 @@ class Journal:
             self._run_keys[row[0]] = int(row[7])
             row = row[:7]
         if row is None:
-            cur.execute(
-                self._q("SELECT run_id FROM runs WHERE run_id LIKE ? ORDER BY run_id LIMIT 3"),
-                (run_id.replace("%", "").replace("_", "") + "%",),
-            )
-            found = [r[0] for r in cur.fetchall()]
-            if len(found) == 1 and run_id:
+            found: list[str] = []
+            if run_id:
+                # a prefix is taken as written: LIKE's wildcards in it match only themselves
+                literal = run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                cur.execute(
+                    self._q(
+                        "SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\'"
+                        " ORDER BY run_id LIMIT 3"
+                    ),
+                    (literal + "%",),
+                )
+                found = [r[0] for r in cur.fetchall()]
+            if len(found) == 1:
                 return self._run_row(cur, found[0])
             if len(found) > 1:
                 raise UnknownRun(f"run id prefix {run_id!r} is ambiguous: {found!r}")

@@ -267,6 +267,50 @@ class JournalContract:
                 j.run("f0f0f0f0f0f0")
         assert [r.run_id for r in journal.runs()] == [run]
 
+    def test_a_fork_needs_a_fork_point_and_a_run_its_label(self, journal: Journal) -> None:
+        run = record(journal, 1)
+        for bad in (None, -1):
+            with pytest.raises(InterventionError) as e:
+                journal.create_run("test", parent_run_id=run, fork_seq=bad)
+            assert str(e.value) == f"a fork needs a fork_seq >= 0, got {bad!r}"
+        assert journal.run(journal.create_run("test")).label == ""
+
+    def test_a_branch_forked_at_its_parents_first_event_verifies(
+        self, journal: Journal, second: Journal
+    ) -> None:
+        """Forked at seq 0 the branch shares nothing: its first event chains on nothing."""
+        run = record(journal, 1)
+        child = journal.fork(run, 0)
+        journal.append(child, step_events(0, "zero"), 0)
+        assert journal.hash_at(child, 0) == second.hash_at(child, 0)
+        assert second.verify().ok
+        # what a first event chains on
+        assert journal.hash_at(run, -1) == second.hash_at(child, -1) == ""
+
+    def test_a_prefix_is_taken_as_written(self, journal: Journal, second: Journal) -> None:
+        """A journal that never saw the run resolves a unique prefix too; the wildcards of SQL
+        LIKE in a prefix match only themselves; an empty id names no run."""
+        run = record(journal, 0)
+        assert second.run(run[:5]).run_id == run
+        for text in ("%", run[:3] + "%", "_" + run[1:6], ""):
+            with pytest.raises(UnknownRun) as e:
+                second.run(text)
+            assert str(e.value) == f"unknown run id {text!r} (see `car runs`)"
+
+    def test_a_branch_first_written_by_another_journal_is_stored_alike(
+        self, journal: Journal, second: Journal
+    ) -> None:
+        """Two branches forked by one journal at one point with the same events: written by
+        it or by another journal (which did not fork it: it reads the parent's head itself),
+        their rows are the same bytes."""
+        run = record(journal, 6)
+        mine, theirs = journal.fork(run, 9), journal.fork(run, 9)
+        events = step_events(3, "same")
+        journal.append(mine, events, 9)
+        second.append(theirs, events, 9)
+        assert self.stored(second, mine) == self.stored(second, theirs) != []
+        assert second.verify().ok
+
     def test_upcaster_reads_old_rows(self, journal: Journal) -> None:
         """A version-1 tool_result row (one `text` field) reads back as a version-2 event."""
         import msgspec
@@ -304,6 +348,10 @@ class JournalContract:
 
     # helpers implemented per backend
     def raw_execute_params(self, j: Journal, sql: str, params: tuple[object, ...]) -> None:
+        raise NotImplementedError
+
+    def stored(self, j: Journal, run_id: str) -> list[tuple[int, int, bytes, bytes]]:
+        """(seq, version, stored payload, hash) of the run's own rows."""
         raise NotImplementedError
 
     def disable_guards(self, j: Journal) -> None:
@@ -345,6 +393,59 @@ class TestSqliteJournal(JournalContract):
 
     def count_events(self, j: Journal) -> int:
         return int(self._db(j).execute("SELECT count(*) FROM events").fetchone()[0])
+
+    def stored(self, j: Journal, run_id: str) -> list[tuple[int, int, bytes, bytes]]:
+        rows = self._db(j).execute(
+            "SELECT seq, version, payload, hash FROM events WHERE run_key ="
+            " (SELECT run_key FROM runs WHERE run_id = ?) ORDER BY seq",
+            (run_id,),
+        )
+        return [(s, v, bytes(p), bytes(h)) for s, v, p, h in rows]
+
+    def test_a_branch_of_a_known_run_reads_only_its_parents_head(self, path: Path) -> None:
+        """What never changes once committed (the runs rows, the run keys, the chain hash at a
+        fork point, the parent's head when this journal forked the run) is read once: after
+        the first branch at a step, each further one reads one thing, the parent's head,
+        under the write lock (to refuse a fork past it). Each read more is a statement after
+        the other writers' commits, from a cold page cache, in every forward run."""
+        from engine.heist.session import record_heist
+        from engine.heist.sim import SimPolicy
+        from engine.interventions import DoResample, parent_info, prepare_bases, run_branch
+
+        with Journal(path) as j:
+            run = record_heist(j, SimPolicy(), seed=7).run_id
+        with Journal(path) as j:  # as a forward run's worker: it saw none of it written
+            sql0: list[str] = []
+            j._conn.set_trace_callback(sql0.append)
+            j.run(run)
+            read_once = len(sql0)
+            j.run(run)
+            j._conn.set_trace_callback(None)
+            assert read_once > 0 and len(sql0) == read_once, "a runs row is read once"
+            parent = parent_info(j, run)
+            prepare_bases(j, parent)
+            run_branch(j, parent, DoResample(k=20), 100)
+            for seed in (101, 102):
+                sql: list[str] = []
+                j._conn.set_trace_callback(sql.append)
+                try:
+                    run_branch(j, parent, DoResample(k=20), seed)
+                finally:
+                    j._conn.set_trace_callback(None)
+                reads = [
+                    (i, " ".join(q.split()))
+                    for i, q in enumerate(sql)
+                    if q.lstrip().upper().startswith(("SELECT", "WITH"))
+                ]
+                assert len(reads) == 1, reads
+                (at, query), began = (
+                    reads[0],
+                    max(
+                        i for i, q in enumerate(sql[: reads[0][0]]) if q.upper().startswith("BEGIN")
+                    ),
+                )
+                assert query.startswith("SELECT seq FROM events WHERE id >= ")
+                assert not any(q.upper().startswith("COMMIT") for q in sql[began:at])
 
 
 class TestPostgresJournal(JournalContract):
@@ -390,6 +491,15 @@ class TestPostgresJournal(JournalContract):
             row = c.execute("SELECT count(*) FROM events").fetchone()
             assert row is not None
             return int(row[0])
+
+    def stored(self, j: Journal, run_id: str) -> list[tuple[int, int, bytes, bytes]]:
+        with self._conn(j) as c:
+            rows = c.execute(
+                "SELECT seq, version, payload, hash FROM events WHERE run_key ="
+                " (SELECT run_key FROM runs WHERE run_id = %s) ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+        return [(s, v, bytes(p), bytes(h)) for s, v, p, h in rows]
 
 
 def _plain(url: object) -> str:

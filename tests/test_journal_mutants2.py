@@ -311,20 +311,23 @@ def test_a_directory_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_run_id_prefix_has_no_wildcards(tmp_path: Path) -> None:
-    """A run id prefix matches from the start of ids only: `_` and `%` in it are not LIKE
-    wildcards (they are dropped from the prefix)."""
+    """A run id prefix matches the start of ids, as written: `_` and `%` in it are not LIKE
+    wildcards, they match only themselves (no generated id holds them)."""
     from engine.errors import UnknownRun
 
-    ids = iter(["axb1", "ayc2"])
+    ids = iter(["axb1", "ayc2", "q_1", "r%2", "s\\3"])
     with Journal(tmp_path / "j.db", ids=lambda: next(ids)) as j:
-        j.create_run("s")
-        j.create_run("s")
-        with pytest.raises(UnknownRun, match=r"^unknown run id 'a_b' \(see `car runs`\)$"):
-            j.run("a_b")
-        assert j.run("a_x_").run_id == "axb1"  # "ax" after dropping "_"
-        assert j.run("ay%").run_id == "ayc2"
+        for _ in range(5):
+            j.create_run("s")
+        for text in ("a_b", "a_x_", "ay%", "a%", "%", "q%", "r_", "s%"):
+            with pytest.raises(UnknownRun) as e:
+                j.run(text)
+            assert str(e.value) == f"unknown run id {text!r} (see `car runs`)"
+        assert j.run("ax").run_id == "axb1" and j.run("ay").run_id == "ayc2"
+        # an id given by its creator may hold them: then they match themselves
+        assert [j.run(p).run_id for p in ("q_", "r%", "s\\")] == ["q_1", "r%2", "s\\3"]
         with pytest.raises(UnknownRun, match=r"ambiguous: \['axb1', 'ayc2'\]"):
-            j.run("a%")
+            j.run("a")
 
 
 def test_appending_no_events_writes_nothing(j: Journal) -> None:
