@@ -607,3 +607,59 @@ def test_a_branch_forked_below_its_parents_fork_point_verifies(tmp_path: Path) -
     report = check(path)
     assert report.ok, report.problems
     assert report.runs_checked == 3
+
+
+def test_a_snapshot_past_a_row_of_the_first_schema_folds_it_as_written(tmp_path: Path) -> None:
+    """A run with one event written by schema version 1 (a failed tool result whose `text`
+    later became `error`) just before its snapshot at 512, in the context the snapshot holds:
+    the check folds each event by its own version, as the snapshot was built, and finds
+    nothing."""
+    from test_journal_contract import started, step_events
+
+    from engine.journal import KIND_CODES, SPAN, chain_hash, hash_cell
+    from engine.state import SNAPSHOT_EVERY, build_snapshots
+
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run = j.create_run("test")
+        key = j.run_key(run)
+        head = j.append(run, [started()], 0)
+        k = 0
+        while head < SNAPSHOT_EVERY - 1:
+            k += 1
+            head = j.append(run, step_events(k)[: SNAPSHOT_EVERY - 1 - head], head)
+        prev = j.hash_at(run, head - 1)
+    old = msgspec.msgpack.encode(
+        {
+            "kind": "tool_result",
+            "step": k + 1,
+            "agent": "a",
+            "tool": "file_reader",
+            "param": "../x",
+            "ok": False,
+            "text": "path leaves the folder",
+        }
+    )
+    edit(
+        path,
+        "INSERT INTO events (id, run_key, seq, step, kind, version, payload, hash)"
+        " VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
+        (
+            key * SPAN + head,
+            key,
+            head,
+            k + 1,
+            KIND_CODES["tool_result"],
+            old,
+            hash_cell(chain_hash(prev, head, "tool_result", 1, old)),
+        ),
+    )
+    with Journal(path) as j:
+        head += 1
+        for step in range(k + 2, k + 12):
+            head = j.append(run, step_events(step), head)
+        build_snapshots(j, run)
+        j.checkpoint()
+    report = check(path)
+    assert report.snapshots_checked == 1
+    assert found(report, {"R": run}) == set()
