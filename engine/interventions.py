@@ -323,6 +323,12 @@ def validate(parent: ParentInfo, iv: Intervention) -> None:
         raise InterventionError(
             f"run {parent.run_id!r} is still recording; fork it once it has ended"
         )
+    if parent.status == "abandoned":
+        # its last step may be half-told; closing it appends the stop that says where it ended
+        raise InterventionError(
+            f"run {parent.run_id!r} was abandoned by its recording process; close it with "
+            "`car runs --close-stale` before forking it"
+        )
     if parent.steps == 0:
         raise InterventionError(f"run {parent.run_id!r} has no steps to fork")
     if not 0 <= iv.k < parent.steps:

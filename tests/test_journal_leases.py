@@ -83,9 +83,28 @@ def test_killed_writer_is_abandoned(killed: tuple[Path, str]) -> None:
     assert [r["status"] for r in rows] == ["abandoned"]
 
 
+def test_abandoned_run_is_neither_forked_nor_accused(killed: tuple[Path, str]) -> None:
+    """An abandoned run (its last step may be half-told, no verdict possible on an unfinished
+    game) is refused by fork and accuse with one line naming --close-stale; nothing written."""
+    jp, run = killed
+    with Journal(jp, readonly=True) as j:
+        runs, head = len(j.runs()), j.head(run)
+    for args in (
+        ("fork", run, "--at", "3", "--do", "resample", "-n", "1"),
+        ("accuse", run, "intel"),
+    ):
+        res = _car("--journal", str(jp), *args)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1, res.stderr
+        assert "abandoned" in lines[0] and "car runs --close-stale" in lines[0]
+    with Journal(jp, readonly=True) as j:
+        assert (len(j.runs()), j.head(run), j.status(run)) == (runs, head, "abandoned")
+
+
 def test_close_stale_then_fork_and_accuse(killed: tuple[Path, str], tmp_path: Path) -> None:
     """`car runs --close-stale` appends Control(stop) + RunEnded(stopped, "abandoned: writer
-    ... gone"), chained like any event; the run is then stopped, forkable and accusable."""
+    ... gone"), chained like any event; the run is then stopped (without an outcome, as
+    `car fork` says), forkable and accusable."""
     src, run = killed
     jp = tmp_path / "j.db"
     import shutil
@@ -112,6 +131,8 @@ def test_close_stale_then_fork_and_accuse(killed: tuple[Path, str], tmp_path: Pa
     assert again.returncode == 0 and "no abandoned runs" in again.stdout
     fork = _car("--journal", str(jp), "fork", run, "--at", "10", "--do", "resample", "-n", "1")
     assert fork.returncode == 0, fork.stderr
+    # a stopped run has no outcome, which the report says (not "ok", as it did)
+    assert f"on run {run} (factual outcome: none)" in fork.stdout
     accuse = _car("--journal", str(jp), "accuse", run, "planner", "--json")
     assert accuse.returncode == 0, accuse.stderr
 

@@ -213,6 +213,41 @@ def test_accuse_verdicts(tmp_path: Path) -> None:
     assert [d.verdict for d in declared] == ["SUCCESS", "FAILURE", "BUSTED"]  # type: ignore[attr-defined]
 
 
+def test_a_branch_is_not_accused_in_place_of_its_game(tmp_path: Path) -> None:
+    """Accusing a branch is refused, naming the game to accuse: its verdict would reveal the
+    mole of the game, which could then be won for sure. The game itself stays accusable."""
+    j = tmp_path / "j.db"
+    root = json.loads(car(j, "heist", "--seed", "8", "--mole", "hacker", "--json").stdout)
+    root_id = root["run_id"]
+    fork = json.loads(car(j, "fork", root_id, "--at", "0", "--do", "resample", "-n", "1",
+                          "--json").stdout)  # fmt: skip
+    branch = fork["branches"][0]["run_id"]
+    for args in (["accuse", branch], ["accuse", branch, "hacker", "--json"]):
+        res = car(j, *args)
+        assert res.returncode == 1 and res.stdout == ""
+        assert res.stderr.strip().splitlines() == [
+            f"error: run {branch!r} is a branch of heist {root_id!r}; the accusation is the"
+            f" game's: accuse {root_id!r}"
+        ]
+    with Journal(j) as journal:
+        assert not [
+            s for r in journal.runs() for s in journal.read(r.run_id)
+            if s.kind == "suspicion_declared"
+        ]  # fmt: skip
+    out = json.loads(car(j, "accuse", root_id, "driver", "--json").stdout)
+    assert (out["verdict"], out["mole"]) == ("FAILURE", "hacker")
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**64, 10**26])
+def test_unrecordable_root_seed_is_refused_before_the_run(tmp_path: Path, seed: int) -> None:
+    """A root seed outside 0..2**63-1 is a ConfigError before anything is written (it used
+    to create the run row, fail to encode RunStarted and leave an empty run abandoned)."""
+    with Journal(tmp_path / "j.db") as j:
+        with pytest.raises(ConfigError, match=rf"root seed must lie within 0\.\.{2**63 - 1}"):
+            record_heist(j, SimPolicy(), seed=seed, rounds=1)
+        assert j.runs() == []
+
+
 def test_accuse_unknown_agent(tmp_path: Path) -> None:
     """Accusing an agent that is not in the crew is a clear error, nothing journaled."""
     with Journal(tmp_path / "j.db") as j:

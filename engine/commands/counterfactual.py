@@ -86,6 +86,12 @@ def stoppable(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def _factual(bad: bool | None) -> str:
+    """The parent's own outcome as `car fork` prints it: a run that ended without one (stopped,
+    failed) has none, which is not the same as ok."""
+    return "none" if bad is None else "bad" if bad else "ok"
+
+
 def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
     if value not in valid:
         raise typer.BadParameter(
@@ -314,7 +320,7 @@ def fork_cmd(
     else:
         out.print(
             f"[bold]do_{report.op}({report.at})[/] on run {report.parent} "
-            f"(factual outcome: {'bad' if report.factual_bad else 'ok'})",
+            f"(factual outcome: {_factual(report.factual_bad)})",
             highlight=False,
         )
         if report.bad_rate is not None and report.ci is not None:

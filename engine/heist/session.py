@@ -226,6 +226,18 @@ def accuse_run(journal: Journal, run_id: str, suspect: str | None) -> Accusation
         raise JournalError(f"run {info.run_id!r} is not a heist")
     if status == "recording" or status == "paused":
         raise JournalError(f"run {info.run_id!r} is still recording; accuse it when it has ended")
+    if status == "abandoned":
+        raise JournalError(
+            f"run {info.run_id!r} was abandoned by its recording process; close it with "
+            "`car runs --close-stale` before accusing"
+        )
+    if info.parent_run_id is not None:
+        # a branch plays the same game with the same mole: its verdict would reveal the mole
+        # of a game that is still unaccused
+        raise JournalError(
+            f"run {info.run_id!r} is a branch of heist {info.root_run_id!r}; the accusation is"
+            f" the game's: accuse {info.root_run_id!r}"
+        )
     if secret is None:
         raise JournalError(f"run {info.run_id!r} has no mole to accuse")
     verdict = accuse(secret.agent, suspect, started.agents)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from engine import events as ev
+from engine.errors import ConfigError
 from engine.journal import Journal
 from engine.policies.base import Policy
 from engine.policies.registry import policy_spec
@@ -18,6 +19,9 @@ from engine.runtime.seeds import step_seed
 from engine.scenario import SteppedScenario
 from engine.state import DEFAULT_CONTEXT_WINDOW, State
 from engine.version import engine_version
+
+#: The largest root seed (what the server and `car heist --seed` accept: a signed 64-bit int)
+MAX_SEED = 2**63 - 1
 
 
 def run_started(
@@ -67,6 +71,10 @@ def record_run(
     secret, say). `on_created(run_id)` is called once the opening events are
     committed (a live viewer can follow the run from then on); `group_ms=0` commits every step
     on its own."""
+    if not 0 <= seed <= MAX_SEED:
+        # refused before the run exists: RunStarted could not hold it (a run row without its
+        # opening events would be left behind, abandoned)
+        raise ConfigError(f"root seed must lie within 0..{MAX_SEED}, got {seed!r}")
     clk = clock or SystemClock()
     run_id = journal.create_run(scenario.name, label=label)
     first = run_started(
