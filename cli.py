@@ -33,7 +33,7 @@ from engine.commands.common import (
     options,
     out,
 )
-from engine.errors import EngineError, interrupt_behind
+from engine.errors import ConfigError, EngineError, interrupt_behind
 from engine.terminal import printable
 
 # plain values (str, int, float) are converted without importing pydantic (~0.15 s)
@@ -118,7 +118,7 @@ def show_cmd(
         return
     h = data["run"]
     out.print(
-        f"[bold]run {h['run_id']}[/]  scenario={h['scenario']}  status={data['status']}  "
+        f"[bold]run {h['run_id']}[/]  scenario={_shown(h['scenario'])}  status={data['status']}  "
         f"steps={data['steps']}",
         highlight=False,
     )
@@ -128,7 +128,8 @@ def show_cmd(
     if start:
         seed = f"  seed={start['root_seed']}" if "root_seed" in start else ""
         out.print(
-            f"policy={start.get('policy')}{seed}  agents={', '.join(start.get('agents', []))}",
+            f"policy={_shown(start.get('policy'))}{seed}  "
+            f"agents={_shown(', '.join(start.get('agents', [])))}",
             highlight=False,
         )
     for line in data["lines"]:
@@ -148,6 +149,15 @@ def show_cmd(
         tree = Tree(f"[bold]{tree_data['run_id']}[/]")
         _add_branches(tree, tree_data["children"], depth, limit)
         out.print(tree)
+
+
+def _shown(value: Any) -> str:
+    """A value read from a journal (an agent's name, a policy) inside a line with markup:
+    terminal control escaped as in the transcript, and rich markup too (a name such as
+    `[blink]x` is text)."""
+    from rich.markup import escape
+
+    return escape(printable(str(value)))
 
 
 def _add_branches(node: Any, children: list[dict[str, Any]], depth: int, limit: int) -> None:
@@ -187,7 +197,8 @@ def state_cmd(
         return
     out.print(
         f"[bold]s_{at}[/] of run {data['run_id']}: {data['seq']} events folded, "
-        f"next agent {data['acting_agent']} (round {data['round']}), status {data['status']}",
+        f"next agent {_shown(data['acting_agent'])} (round {data['round']}), "
+        f"status {data['status']}",
         highlight=False,
     )
     seeds = ", ".join(f"step {k}: {seed}" for k, seed in data["seeds"])
@@ -199,7 +210,7 @@ def state_cmd(
     out.print("[bold]private contexts[/]")
     for agent, ctx in data["contexts"].items():
         out.print(
-            f"  {agent}: turns={ctx['turns']} observations={len(ctx['observations'])}"
+            f"  {printable(agent)}: turns={ctx['turns']} observations={len(ctx['observations'])}"
             + (f" secret={ctx['secret']!r}" if ctx.get("secret") else ""),
             highlight=False,
             markup=False,
@@ -208,7 +219,7 @@ def state_cmd(
 
 def _print_public_state(at: int, data: dict[str, Any]) -> None:
     out.print(
-        f"[bold]s_{at}[/] of run {data['run_id']}: next agent {data['acting_agent']} "
+        f"[bold]s_{at}[/] of run {data['run_id']}: next agent {_shown(data['acting_agent'])} "
         f"(round {data['round']}), status {data['status']}",
         highlight=False,
     )
@@ -220,7 +231,7 @@ def _print_public_state(at: int, data: dict[str, Any]) -> None:
     for a in data["per_agent"]:
         failed = sum(1 for t in a["tool_usage"] if not t["success"])
         out.print(
-            f"  {a['agent']}: turns={a['turns']} tool results={len(a['tool_usage'])} "
+            f"  {printable(a['agent'])}: turns={a['turns']} tool results={len(a['tool_usage'])} "
             f"failed={failed}",
             highlight=False,
             markup=False,
@@ -241,6 +252,10 @@ def _policy_from_options(
         spec["base_url"] = base_url or "http://localhost:1234/v1"
         spec["model"] = model or "local-model"
         spec.update(given)
+        try:
+            return make_policy(spec)
+        except ConfigError as e:  # a flag's value out of range (--timeout nan, ...)
+            raise typer.BadParameter(str(e)) from e
     elif base_url or model or given:
         raise typer.BadParameter(
             "--base-url, --model, --max-tokens, --temperature, --timeout and --max-reply-bytes "
@@ -289,7 +304,10 @@ def heist_cmd(
     ] = None,
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Turns per agent.")] = 4,
     seed: Annotated[
-        int | None, typer.Option("--seed", help="Root seed (default: random, and recorded).")
+        int | None,
+        typer.Option(
+            "--seed", min=0, max=2**63 - 1, help="Root seed (default: random, and recorded)."
+        ),
     ] = None,
     policy: Annotated[
         str, typer.Option("--policy", help="sim (embedded, no server) | sim-honest | openai.")
@@ -366,8 +384,22 @@ def heist_cmd(
         for module in ("alembic.command", "alembic.config", "alembic.runtime.migration",
                        "alembic.script"):  # fmt: skip
             importlib.import_module(module)
+        from engine.heist.config import load_agents_config
+        from engine.heist.mole import parse_strategy
         from engine.heist.session import record_heist
         from engine.runtime.control import ControlChannel
+
+        crew = load_agents_config(config)  # a bad file is a bad file (exit 1), not a bad flag
+        if mole is not None and mole not in crew.names:
+            raise typer.BadParameter(
+                f"unknown agent {mole!r}; agents are: {', '.join(crew.names)}",
+                param_hint="'--mole'",
+            )
+        if strategy is not None:
+            try:
+                parse_strategy(strategy)
+            except ConfigError as e:
+                raise typer.BadParameter(str(e), param_hint="'--strategy'") from e
 
         control = ControlChannel()
         pol = _policy_from_options(
@@ -395,7 +427,7 @@ def heist_cmd(
                 pol,
                 seed=root_seed,
                 rounds=rounds,
-                config_path=config,
+                config=crew,
                 mole=mole,
                 strategy=strategy,
                 no_mole=no_mole,

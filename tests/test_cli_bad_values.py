@@ -185,6 +185,31 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "do not apply to policy sim",
     ),
     ("runs -n -1", ["runs", "-n", "-1"], 2, "-n"),
+    # heist flags: refused before the run exists (a seed RunStarted cannot hold left an
+    # empty run behind, abandoned; a misspelt agent or strategy exited 1 after loading)
+    ("heist --seed 10**26", ["heist", "--seed", str(10**26)], 2, "'--seed'"),
+    ("heist --seed -1", ["heist", "--seed", "-1"], 2, "'--seed'"),
+    ("heist --mole nobody", ["heist", "--mole", "nobody"], 2, "unknown agent 'nobody'"),
+    ("heist --strategy NOPE", ["heist", "--strategy", "NOPE"], 2, "unknown mole strategy"),
+    (
+        "heist --timeout nan",
+        ["heist", "--policy", "openai", "--base-url", "http://127.0.0.1:9/v1", "--timeout", "nan"],
+        2,
+        "openai timeout must be",
+    ),
+    (
+        "heist --max-reply-bytes -5",
+        ["heist", "--policy", "openai", "--max-reply-bytes", "-5"],
+        2,
+        "max_reply_bytes must be",
+    ),
+    ("detect-eval --seed -1", ["detect-eval", "-n", "1", "--seed", "-1"], 2, "'--seed'"),
+    (
+        "detect-eval seeds past 2**63",
+        ["detect-eval", "-n", "3", "--seed", str(2**63 - 2)],
+        1,
+        "must lie within 0..9223372036854775807",
+    ),
 ]
 
 

@@ -200,7 +200,9 @@ def register(app: typer.Typer) -> None:
         games: Annotated[
             int, typer.Option("--games", "-n", min=1, help="Heists to record and score.")
         ] = 20,
-        seed: Annotated[int, typer.Option("--seed", help="Game i gets root seed S + i.")] = 0,
+        seed: Annotated[
+            int, typer.Option("--seed", min=0, max=2**63 - 1, help="Game i gets root seed S + i.")
+        ] = 0,
         config: Annotated[
             Path | None, typer.Option("--config", help="Crew YAML (default: the built-in six).")
         ] = None,

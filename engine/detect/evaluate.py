@@ -25,6 +25,7 @@ from typing import Any
 from engine import events as ev
 from engine.detect.analysis import METHODS, DetectError, analyze
 from engine.detect.stats import auroc, wilson
+from engine.errors import ConfigError
 from engine.journal import Journal
 
 RELIABILITY_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -74,7 +75,13 @@ def record_games(
     A game that fails (an LLM server error, say) is closed in the journal and left out; its
     seed and error go to `failures` when given, else the evaluation stops with the error."""
     from engine.heist.session import DEFAULT_ROUNDS, record_heist
+    from engine.runtime.record import MAX_SEED
 
+    if n > 0 and not 0 <= seed <= MAX_SEED - (n - 1):
+        # checked before the first game: the last one's seed would be refused mid-evaluation
+        raise ConfigError(
+            f"root seeds {seed}..{seed + n - 1} of {n} games must lie within 0..{MAX_SEED}"
+        )
     runs = []
     for i in range(n):
         r = record_heist(
