@@ -443,7 +443,9 @@ def heist_cmd(
             "run_id": result.run_id,
             "agents": agents,
             "steps": result.steps,
-            "seed": root_seed,
+            # a drawn seed stays in the journal: the mole is drawn from it, so replaying it
+            # elsewhere would name the mole (`car show RUN --reveal` shows it)
+            "seed": seed,
             "policy": policy,
             "status": result.status,
             "outcome": {
@@ -457,9 +459,9 @@ def heist_cmd(
         if as_json:
             emit_json(data)
         else:
+            given = "" if seed is None else f", seed {seed}"
             out.print(
-                f"\n[bold]run {result.run_id}[/] ({result.status}, {result.steps} steps, "
-                f"seed {root_seed})",
+                f"\n[bold]run {result.run_id}[/] ({result.status}, {result.steps} steps{given})",
                 highlight=False,
             )
             if result.status == "completed":

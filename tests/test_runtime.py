@@ -238,6 +238,29 @@ def test_a_branch_is_not_accused_in_place_of_its_game(tmp_path: Path) -> None:
     assert (out["verdict"], out["mole"]) == ("FAILURE", "hacker")
 
 
+def test_a_drawn_seed_is_not_printed(tmp_path: Path) -> None:
+    """Without --seed the root seed is drawn and journaled but not printed (human or --json):
+    the mole is drawn from it, so replaying it in a scratch journal would name the mole.
+    `car show --reveal` shows it; a seed the user gave is echoed."""
+    j = tmp_path / "j.db"
+    human = car(j, "heist", "-q")
+    data = json.loads(car(j, "heist", "-q", "--json").stdout)
+    assert data["seed"] is None
+    with Journal(j) as journal:
+        seeds = {
+            r.run_id: journal.events(r.run_id, 1)[0].root_seed  # type: ignore[attr-defined]
+            for r in journal.runs()
+        }
+    runs = [line for line in human.stdout.splitlines() if line.startswith("run ")]
+    assert len(runs) == 1 and runs[0].endswith("(completed, 24 steps)"), runs
+    for seed in seeds.values():
+        assert str(seed) not in human.stdout
+    revealed = car(j, "show", data["run_id"], "--reveal").stdout
+    assert f"seed={seeds[data['run_id']]}" in revealed
+    given = car(j, "heist", "-q", "--seed", "5", "--rounds", "1")
+    assert "(completed, 6 steps, seed 5)" in given.stdout
+
+
 @pytest.mark.parametrize("seed", [-1, 2**63, 2**64, 10**26])
 def test_unrecordable_root_seed_is_refused_before_the_run(tmp_path: Path, seed: int) -> None:
     """A root seed outside 0..2**63-1 is a ConfigError before anything is written (it used
