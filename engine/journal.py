@@ -8,9 +8,11 @@ Alembic) and the connection, not every row.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import hashlib
 import os
+import re
 import sqlite3
 import struct
 import threading
@@ -310,12 +312,15 @@ class Journal:
         self._resolver = ev.Resolver(self._owner, self._load, self._text, self._parent)
         self._engine: Any = None
         self.revision: str | None = None
+        # what the driver raises: turned into JournalError (or TamperedJournal) by _tx/_read
+        self._db_errors: tuple[type[Exception], ...] = (sqlite3.Error,)
         if self.is_sqlite:
             self.path: Path | None = Path(self.url.removeprefix("sqlite:///"))
             self._conn: Any = self._open_sqlite(create and not readonly, upgrade)
         else:
             self.path = None
             self._conn = self._open_server(create and not readonly, upgrade and not readonly)
+            self._db_errors = (sqlite3.Error, *self._driver_errors())
         # the row layout: integer-keyed from KEYED_REVISION on (the only one written), else
         # the text-keyed one of older journals opened read-only
         self.keyed = self.revision is not None and KNOWN_REVISIONS.index(
@@ -503,12 +508,16 @@ class Journal:
                     cur.execute("COMMIT")
                 else:
                     self._conn.commit()
-            except BaseException:
+            except BaseException as e:
                 with contextlib.suppress(Exception):
                     if self.is_sqlite:
                         cur.execute("ROLLBACK")
                     else:
                         self._conn.rollback()
+                # the specific mappings (ConcurrencyError, UnknownRun, ...) were made inside;
+                # any other driver error (a read-only file, a full disk) is one JournalError
+                if isinstance(e, self._db_errors) and not isinstance(e, JournalError):
+                    raise self._driver_failure(e, "write to") from e
                 raise
             finally:
                 self._in_tx = False
@@ -543,11 +552,143 @@ class Journal:
             cur = self._conn.cursor()
             try:
                 yield cur
+            except self._db_errors as e:
+                raise self._driver_failure(e, "read") from e
             finally:
                 cur.close()
                 # a read inside the writer's transaction (a window, a seeding) must not end it
                 if not self.is_sqlite and not self._in_tx:
                     self._conn.rollback()
+
+    def _driver_failure(self, e: Exception, action: str) -> JournalError:
+        """The one-line error for a driver error: TamperedJournal where the stored bytes are
+        bad (a damaged file, a bytes cell retyped as text that is not UTF-8), else
+        JournalError naming the journal and the driver's first line."""
+        first = _first_line(e)
+        retyped = _UNDECODABLE.search(first)
+        if retyped is not None:
+            return self._retyped(retyped.group(1))
+        code = getattr(e, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            return TamperedJournal(
+                f"journal {self._where()} is damaged: {first} (see `car verify`)"
+            )
+        return JournalError(f"cannot {action} journal {self._where()}: {first}")
+
+    def _retyped(self, column: str) -> TamperedJournal:
+        """TamperedJournal for a bytes column that a reader found holding text that is not
+        UTF-8, naming the first such cell (SQLite keeps whatever type an UPDATE gives)."""
+        cell = None
+        with contextlib.suppress(Exception):
+            cell = self._first_retyped(column)
+        if cell is None:
+            return TamperedJournal(
+                f"journal {self._where()} holds text that is not UTF-8 in a {column!r} cell,"
+                " where bytes belong (see `car verify`)"
+            )
+        return TamperedJournal(
+            f"{cell} in {self._where()} is stored as text, not as bytes (see `car verify`)"
+        )
+
+    def _first_retyped(self, column: str) -> str | None:
+        """The first cell of `column` that is not stored as bytes, named (None if none)."""
+        cur = self._conn.cursor()
+        try:
+            if column in ("payload", "hash") and (column == "payload" or self.keyed):
+                if self.keyed:
+                    sql = (
+                        f"SELECT r.run_id, e.seq FROM events e LEFT JOIN runs r"
+                        f" ON r.run_key = e.run_key WHERE typeof(e.{column}) != 'blob'"
+                        " ORDER BY e.id LIMIT 1"
+                    )
+                else:
+                    sql = (
+                        f"SELECT run_id, seq FROM events WHERE typeof({column}) != 'blob'"
+                        " ORDER BY run_id, seq LIMIT 1"
+                    )
+                row = cur.execute(sql).fetchone()
+                if row is not None:
+                    return f"the {column} cell of event {row[1]} of run {row[0]!r}"
+            elif column == "body":
+                row = cur.execute(
+                    "SELECT hash FROM texts WHERE typeof(body) != 'blob' LIMIT 1"
+                ).fetchone()
+                if row is not None:
+                    return f"the body cell of text {row[0]}"
+            elif column == "state":
+                row = cur.execute(
+                    "SELECT run_id, seq FROM snapshots WHERE typeof(state) != 'blob' LIMIT 1"
+                ).fetchone()
+                if row is not None:
+                    return f"the state cell of run {row[0]!r}'s snapshot at seq {row[1]}"
+            return None
+        finally:
+            cur.close()
+
+    def _bytes_cell(self, cell: Any, column: str, run_id: str, seq: Any) -> bytes:
+        """A payload cell's bytes; TamperedJournal for a cell retyped (to valid UTF-8 text)."""
+        if isinstance(cell, bytes):
+            return cell
+        if isinstance(cell, bytearray | memoryview):
+            return bytes(cell)
+        raise TamperedJournal(
+            f"the {column} cell of event {seq} of run {run_id!r} in {self._where()} is stored"
+            f" as {_sql_type(cell)}, not as bytes (see `car verify`)"
+        )
+
+    def _hash_cell(self, cell: Any, run_id: str, seq: Any) -> str:
+        """The public form of a row's hash cell (see `hash_text`); TamperedJournal for a cell
+        that is not this layout's: 32 bytes (keyed), text (older)."""
+        if self.keyed:
+            if isinstance(cell, bytes | bytearray | memoryview) and len(cell) == 32:
+                return HASH_PREFIX + bytes(cell).hex()
+            what = _sql_type(cell)
+            if isinstance(cell, bytes | bytearray | memoryview):
+                what = f"{len(cell)} bytes"
+            raise TamperedJournal(
+                f"the hash cell of event {seq} of run {run_id!r} in {self._where()} is {what},"
+                " not a 32-byte digest (see `car verify`)"
+            )
+        if isinstance(cell, str):
+            return cell
+        raise TamperedJournal(
+            f"the hash cell of event {seq} of run {run_id!r} in {self._where()} is stored as"
+            f" {_sql_type(cell)}, not as text (see `car verify`)"
+        )
+
+    def _step_cell(self, cell: Any, run_id: str, seq: Any) -> int | None:
+        if cell is None or type(cell) is int:
+            return cell  # type: ignore[no-any-return]
+        raise TamperedJournal(
+            f"the step cell of event {seq} of run {run_id!r} in {self._where()} holds"
+            f" {cell!r}, not an integer (see `car verify`)"
+        )
+
+    def _run_info(self, row: Sequence[Any]) -> RunInfo:
+        """A runs row as RunInfo; TamperedJournal for a cell of the wrong type or a
+        created_at that is no ISO 8601 time (what export and the views read it as)."""
+        rid = row[0]
+        bad: tuple[str, Any, str] | None = None
+        for i, col in ((0, "run_id"), (3, "root_run_id"), (4, "scenario"), (6, "label")):
+            if not isinstance(row[i], str):
+                bad = (col, row[i], "text")
+        if row[1] is not None and not isinstance(row[1], str):
+            bad = ("parent_run_id", row[1], "text")
+        if row[2] is not None and type(row[2]) is not int:
+            bad = ("fork_seq", row[2], "an integer")
+        created = row[5]
+        if bad is None:
+            try:
+                dt.datetime.fromisoformat(created)
+            except (TypeError, ValueError):
+                bad = ("created_at", created, "an ISO 8601 time")
+        if bad is not None:
+            col, value, expected = bad
+            raise TamperedJournal(
+                f"run {rid!r} in {self._where()} has a {col} cell {value!r}, not {expected}"
+                " (see `car verify`)"
+            )
+        return RunInfo(*row)
 
     # ------------------------------------------------------------------ runs
 
@@ -648,7 +789,7 @@ class Journal:
             if len(found) > 1:
                 raise UnknownRun(f"run id prefix {run_id!r} is ambiguous: {found!r}")
             raise UnknownRun(f"unknown run id {run_id!r} (see `car runs`)")
-        info = RunInfo(*row)
+        info = self._run_info(row)
         if not self._in_tx:  # committed: only create_run inserts runs rows
             self._remember_run(info)
         return info
@@ -687,7 +828,7 @@ class Journal:
             cur.execute(
                 self._q(f"SELECT seq, hash FROM events WHERE {where} ORDER BY {self._ord}"), args
             )
-            return [(int(r[0]), hash_text(r[1])) for r in cur.fetchall()]
+            return [(int(r[0]), self._hash_cell(r[1], run_id, r[0])) for r in cur.fetchall()]
 
     def run_key(self, run_id: str) -> Any:
         """The value of `run_col` in the events rows of this exact run id (for tools that
@@ -722,7 +863,7 @@ class Journal:
                 "SELECT run_id, parent_run_id, fork_seq, root_run_id, scenario, created_at, label"
                 " FROM runs ORDER BY created_at, run_id"
             )
-            return [RunInfo(*r) for r in cur.fetchall()]
+            return [self._run_info(r) for r in cur.fetchall()]
 
     def children(self, run_id: str) -> list[RunInfo]:
         with self._read() as cur:
@@ -733,7 +874,7 @@ class Journal:
                 ),
                 (run_id,),
             )
-            return [RunInfo(*r) for r in cur.fetchall()]
+            return [self._run_info(r) for r in cur.fetchall()]
 
     def lineage(self, run_id: str) -> list[Segment]:
         """Root-first segments whose events make up this run's history."""
@@ -795,7 +936,7 @@ class Journal:
         row = cur.fetchone()
         if row is None:
             raise JournalError(f"run {run_id!r} has no event at seq {seq}")
-        found = hash_text(row[0])
+        found = self._hash_cell(row[0], owner, seq)
         if not self._in_tx:  # a committed row
             if len(self._hashes) >= 4096:
                 self._hashes.clear()
@@ -961,7 +1102,9 @@ class Journal:
                 ) from e
             if _is_fk_violation(e):
                 raise UnknownRun(f"unknown run id {run_id!r} (see `car runs`)") from e
-            raise JournalError(f"append to run {run_id!r} failed: {_first_line(e)}") from e
+            raise JournalError(
+                f"append to run {run_id!r} in {self._where()} failed: {_first_line(e)}"
+            ) from e
         self._head_hash[run_id] = (seq - 1, prev)
         return seq
 
@@ -1069,14 +1212,19 @@ class Journal:
                 )
                 far_rows = cur.fetchall()
         plain = self._unpacker.plain
+        cell = self._bytes_cell
         learnt = [
-            (int(r[1]), plain(str(r[0]), int(r[1]), int(r[2]), bytes(r[3]))) for r in recent_rows
+            (int(r[1]), plain(str(r[0]), int(r[1]), int(r[2]), cell(r[3], "payload", r[0], r[1])))
+            for r in recent_rows
         ]
-        found = [(str(r[0]), int(r[1]), int(r[2]), bytes(r[3])) for r in call_rows]
+        found = [
+            (str(r[0]), int(r[1]), int(r[2]), cell(r[3], "payload", r[0], r[1])) for r in call_rows
+        ]
         for s, stored in reversed(learnt):
             comp.learn(s, stored)
         for s, version, stored in far_rows:
-            comp.learn_far(int(s), plain(parent, int(s), int(version), bytes(stored)))
+            raw = cell(stored, "payload", parent, s)
+            comp.learn_far(int(s), plain(parent, int(s), int(version), raw))
         for owner, s, version, stored in reversed(found):
             full = self._full(owner, s, version, plain(owner, s, version, stored))
             raw = msgspec.msgpack.decode(full)
@@ -1136,7 +1284,8 @@ class Journal:
         """(version, stored payload) of one row, for resolving references to it."""
         if self._recent_src is not None and not self._recent_rows:
             self._recent_rows = {
-                (r[0], int(r[1])): (int(r[2]), bytes(r[3])) for r in self._recent_src
+                (r[0], int(r[1])): (int(r[2]), self._bytes_cell(r[3], "payload", r[0], r[1]))
+                for r in self._recent_src
             }
         got = self._recent_rows.get((owner, seq))
         if got is None:
@@ -1149,7 +1298,7 @@ class Journal:
                     f"journal {self._where()} lacks event {seq} of run {owner!r}, which a later"
                     " event refers to (see `car verify`)"
                 )
-            got = (int(row[0]), bytes(row[1]))
+            got = (int(row[0]), self._bytes_cell(row[1], "payload", owner, seq))
         return got[0], self._plain(owner, seq, *got)
 
     def _plain(self, owner: str, seq: int, version: int, stored: bytes) -> bytes:
@@ -1175,7 +1324,10 @@ class Journal:
                 ),
                 args,
             )
-            return [(int(s), int(v), bytes(p)) for s, v, p in cur.fetchall()]
+            return [
+                (int(s), int(v), self._bytes_cell(p, "payload", run_id, s))
+                for s, v, p in cur.fetchall()
+            ]
 
     def _store_texts(self, rows: list[EventRow]) -> tuple[list[EventRow], dict[bytes, bytes]]:
         """Rows in their stored v3 form: long texts moved to `texts` (once per distinct text),
@@ -1235,6 +1387,11 @@ class Journal:
         if row is None:
             raise TamperedJournal(
                 f"journal {self._where()} lacks text {ev.text_key(digest)} (see `car verify`)"
+            )
+        if not isinstance(row[0], bytes | bytearray | memoryview):
+            raise TamperedJournal(
+                f"the body cell of text {ev.text_key(digest)} in {self._where()} is stored as"
+                f" {_sql_type(row[0])}, not as bytes (see `car verify`)"
             )
         body = bytes(row[0])
         if packing.is_packed(body):
@@ -1360,16 +1517,17 @@ class Journal:
             rows = cur.fetchall()
         for seq, step, kind, version, stored, hash_ in rows:
             # v3 and later store references (to texts, to earlier events): resolve them
-            plain = self._plain(run_id, seq, version, bytes(stored))
+            raw = self._bytes_cell(stored, "payload", run_id, seq)
+            plain = self._plain(run_id, seq, version, raw)
             payload = self._full(run_id, seq, version, plain)
             yield StoredEvent(
                 run_id,
                 seq,
-                step,
+                self._step_cell(step, run_id, seq),
                 self._kind(kind, run_id, seq),
                 version,
                 payload,
-                hash_text(hash_),
+                self._hash_cell(hash_, run_id, seq),
             )
 
     def read_for_fold(
@@ -1397,7 +1555,8 @@ class Journal:
             try:
                 for r in rows:
                     owner, seq, version = r[0], int(r[1]), int(r[2])
-                    stored = self._plain(owner, seq, version, bytes(r[3]))
+                    raw = self._bytes_cell(r[3], "payload", owner, seq)
+                    stored = self._plain(owner, seq, version, raw)
                     e = ev.decode_stored_for_fold(stored) if version >= 4 else None
                     if e is None:
                         full = self._full(owner, seq, version, stored)
@@ -1445,7 +1604,9 @@ class Journal:
                 )
                 row = cur.fetchone()
             if row is not None:
-                return int(row[0]), int(row[1])
+                step = self._step_cell(row[0], seg.run_id, row[1])
+                assert step is not None  # the query asks for a step
+                return step, int(row[1])
         return None
 
     def steps(self, run_id: str) -> int:
@@ -1524,6 +1685,12 @@ class Journal:
                 )
                 row = cur.fetchone()
                 if row is not None:
+                    if not isinstance(row[1], bytes | bytearray | memoryview):
+                        raise TamperedJournal(
+                            f"the state cell of run {seg.run_id!r}'s snapshot at seq {row[0]} in"
+                            f" {self._where()} is stored as {_sql_type(row[1])}, not as bytes"
+                            " (see `car verify`)"
+                        )
                     return int(row[0]), bytes(row[1])
         return None
 
@@ -1661,6 +1828,23 @@ def _min_opt(a: int | None, b: int | None) -> int | None:
 def _first_line(e: BaseException) -> str:
     text = str(getattr(e, "orig", None) or e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+# Python's sqlite3 when a TEXT cell (where bytes belong) is not UTF-8
+_UNDECODABLE = re.compile(r"^Could not decode to UTF-8 column '(\w+)'")
+
+
+def _sql_type(cell: Any) -> str:
+    """SQLite's name for the type of a cell as read."""
+    if cell is None:
+        return "null"
+    if isinstance(cell, str):
+        return "text"
+    if isinstance(cell, bool | int):
+        return "integer"
+    if isinstance(cell, float):
+        return "real"
+    return "blob"
 
 
 def _redact(url: str) -> str:

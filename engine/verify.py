@@ -14,6 +14,7 @@ and those are reported too. See docs/decisions.md for what is out of scope.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -346,6 +347,16 @@ class _Checker:
                 self.add(rid, None, "run row holds bytes that are not UTF-8 text", "encoding")
             if self.sqlite and r[3] not in ("integer", "null"):
                 self.add(rid, None, f"run row's fork_seq is a {r[3]}, not an integer", "type")
+            if texts[3][1]:
+                try:
+                    dt.datetime.fromisoformat(texts[3][0])
+                except ValueError:
+                    self.add(
+                        rid,
+                        None,
+                        f"run row's created_at {texts[3][0]!r} is not an ISO 8601 time",
+                        "type",
+                    )
             parent = texts[0][0] if r[1] is not None else None
             fork_seq = r[2] if isinstance(r[2], int) else None
             runs[rid] = _RunRow(rid, parent, fork_seq, texts[1][0], run_key)
@@ -436,11 +447,16 @@ class _Checker:
     def read_texts(self) -> None:
         """Re-hash every stored text; an altered one is a finding here and at every event
         that uses it."""
-        rows = self.query(f"SELECT {self.raw('hash')}, {self.raw('body')} FROM texts")
+        rows = self.query(
+            f"SELECT {self.raw('hash')}, {self.raw('body')}, {self.typeof('body')} FROM texts"
+        )
         stored: dict[bytes, bytes] = {}
-        for raw_key, body in rows:
+        for raw_key, body, btype in rows:
             key, _ok = _text(raw_key)
             body = bytes(body or b"")
+            if self.sqlite and btype != "blob":
+                # readers read the cell as it is typed: text that is not UTF-8 fails them
+                self.add(None, None, f"text {key} stored as {btype}, not as bytes", "type")
             try:
                 if not key.startswith(ev.TEXT_PREFIX):
                     raise ValueError(key)

@@ -14,6 +14,7 @@ import pytest
 
 from engine import events as ev
 from engine import journal as journal_mod
+from engine.errors import JournalError
 from engine.journal import Journal
 from engine.verify import verify_journal
 
@@ -71,8 +72,9 @@ def test_a_parallel_writer_gives_up_at_the_deadline(
         run, head = _one_step(j, True)
         other = _hold_lock(path)
         t0 = time.perf_counter()
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
+        with pytest.raises(JournalError, match="database is locked") as e:
             j.append(run, _say(1), head)
+        assert isinstance(e.value.__cause__, sqlite3.OperationalError)
         waited = time.perf_counter() - t0
         other.execute("ROLLBACK")
         other.close()
