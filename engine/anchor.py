@@ -116,10 +116,14 @@ def make_anchor(journal: Journal, key: bytes, created_at: str) -> dict[str, Any]
 
 
 def write_anchor(doc: dict[str, Any], path: Path) -> None:
-    """Write atomically: an interrupted write never leaves half an anchor in place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """Write whole or not at all (engine/output.py); AnchorError (one line) when the target
+    cannot be written."""
+    from engine.output import write_whole
+
+    try:
+        write_whole(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    except OSError as e:
+        raise AnchorError(f"cannot write {str(path)!r}: {e.strerror or e}") from e
 
 
 def read_anchor(path: str | os.PathLike[str], key: bytes) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -94,14 +93,13 @@ def export_cmd(
 
 
 def _write(path: Path, text: str) -> None:
-    """Write whole or not at all: a temp file renamed over the target."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write whole or not at all (engine/output.py)."""
+    from engine.output import write_whole
+
     try:
-        tmp.write_text(text + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_whole(path, text + "\n")
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        fail(f"cannot write {str(path)!r}: {e.strerror}")
+        fail(f"cannot write {str(path)!r}: {e.strerror or e}")
 
 
 def import_cmd(
@@ -115,6 +113,7 @@ def import_cmd(
     `imported`: show, state, diff and the detector read them; fork and replay cannot (there is
     no program to re-run)."""
     from engine.otel.importer import import_file
+    from engine.terminal import printable
 
     with open_journal() as j:
         runs = import_file(j, file)
@@ -122,10 +121,13 @@ def import_cmd(
         emit_json([{**_builtins(r)} for r in runs])
         return
     for r in runs:
+        # agent names come from the trace: shown, never obeyed by the terminal
+        agents = ", ".join(printable(a) for a in r.agents)
         out.print(
             f"imported trace {r.trace_id} as run {r.run_id}: {_n(r.steps, 'step')}, "
-            f"{_n(r.tool_calls, 'tool call')}, agents {', '.join(r.agents)} ({r.status})",
+            f"{_n(r.tool_calls, 'tool call')}, agents {agents} ({r.status})",
             highlight=False,
+            markup=False,
         )
     out.print(f"next: car show {runs[0].run_id}", highlight=False)
 
@@ -152,7 +154,10 @@ def diff_cmd(
 
     Works for a branch against its parent and for two unrelated runs. Deleted words are shown
     as [-word-], inserted ones as {+word+}."""
+    from rich.markup import escape
+
     from engine.diff import diff_runs
+    from engine.terminal import printable
 
     with open_journal(create=False) as j:
         d = diff_runs(j, run_a, run_b)
@@ -176,6 +181,7 @@ def diff_cmd(
         agent = s.a.agent if s.a else s.b.agent if s.b else "?"
         if s.a and s.b and s.a.agent != s.b.agent:
             agent = f"{s.a.agent} -> {s.b.agent}"
+        agent = escape(printable(agent))  # a name from an imported trace
         if s.status == "same":
             out.print(f"[dim][{s.step}] {agent}: same[/]", highlight=False)
             continue

@@ -58,5 +58,8 @@ def attributes(kvs: Any) -> dict[str, Any]:
         return out
     for kv in kvs:
         if isinstance(kv, dict) and isinstance(kv.get("key"), str):
-            out[kv["key"]] = from_any_value(kv.get("value"))
+            try:
+                out[kv["key"]] = from_any_value(kv.get("value"))
+            except (ValueError, TypeError, OverflowError) as e:  # binascii.Error is a ValueError
+                raise ValueError(f"attribute {kv['key']!r}: {e}") from e
     return out

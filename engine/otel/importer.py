@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,16 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
+from engine.errors import JournalError
 from engine.journal import Journal
 from engine.otel.imported import IMPORTED_SCENARIO
 from engine.otel.otlp import Span, TraceImportError, parse_spans
 
 DEFAULT_AGENT = "assistant"
+# what the event schema holds (msgpack's 64-bit integers): token counts are signed, seeds may
+# be any 64-bit value, signed or not
+MAX_COUNT = 2**63 - 1
+SEED_RANGE = (-(2**63), 2**64 - 1)
 _LLM_OPERATIONS = {"chat", "text_completion", "generate_content", "completion"}
 
 
@@ -378,24 +384,18 @@ def _step(span: Span, by_id: dict[str, Span]) -> tuple[ImportedStep, list[dict[s
         response=text,
         model=str(model),
         finish_reason=str(finish or "unknown"),
-        seed=_seed(seed),
-        prompt_tokens=int(
-            _first(
-                a,
-                "gen_ai.usage.input_tokens",
-                "llm.token_count.prompt",
-                "gen_ai.usage.prompt_tokens",
-            )
-            or 0
+        seed=_seed(seed, span),
+        prompt_tokens=_count(
+            span,
+            "gen_ai.usage.input_tokens",
+            "llm.token_count.prompt",
+            "gen_ai.usage.prompt_tokens",
         ),
-        completion_tokens=int(
-            _first(
-                a,
-                "gen_ai.usage.output_tokens",
-                "llm.token_count.completion",
-                "gen_ai.usage.completion_tokens",
-            )
-            or 0
+        completion_tokens=_count(
+            span,
+            "gen_ai.usage.output_tokens",
+            "llm.token_count.completion",
+            "gen_ai.usage.completion_tokens",
         ),
         latency_ms=round(max(0, span.end - span.start) / 1e6, 3),
         tools=[],
@@ -403,11 +403,63 @@ def _step(span: Span, by_id: dict[str, Span]) -> tuple[ImportedStep, list[dict[s
     return step, asked
 
 
-def _seed(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
+def _integer(value: Any) -> int | None:
+    """An integer attribute as OTLP carries one (intValue, a whole doubleValue, a decimal
+    string); None for anything else (NaN, infinities, fractions, text)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _count(span: Span, *keys: str) -> int:
+    """A token count from the first of `keys` the span sets (0 if none): an integer from 0
+    to MAX_COUNT, else TraceImportError naming the span and the attribute."""
+    for key in keys:
+        value = span.attrs.get(key)
+        if value in (None, ""):
+            continue
+        n = _integer(value)
+        if n is None or not 0 <= n <= MAX_COUNT:
+            raise TraceImportError(
+                f"{span.where or span.span_id}: {key}: expected a token count (an integer from"
+                f" 0 to 2**63-1), got {_shown(value)}"
+            )
+        return n
+    return 0
+
+
+def _seed(value: Any, span: Span) -> int:
+    """The request's seed (a fraction cut off): what is no number is taken as none (0); a
+    number that is not a 64-bit integer (NaN, too large) is refused."""
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            return 0
+    if isinstance(value, float) and math.isfinite(value):
+        value = int(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
         return 0
+    n = _integer(value)
+    if n is None or not SEED_RANGE[0] <= n <= SEED_RANGE[1]:
+        raise TraceImportError(
+            f"{span.where or span.span_id}: seed: expected a 64-bit integer, got {_shown(value)}"
+        )
+    return n
 
 
 def _answers(spans: list[Span]) -> dict[str, str]:
@@ -506,8 +558,9 @@ def _merge(tools: list[ImportedTool], executed: ImportedTool) -> list[ImportedTo
 
 
 def _iso(ns: int) -> str:
-    t = dt.datetime.fromtimestamp(ns // 1_000_000_000, dt.UTC)
-    t = t.replace(microsecond=(ns % 1_000_000_000) // 1000)
+    """UTC ISO time of `ns` nanoseconds since 1970 (a span time: 0 to 2**64-1, checked when
+    read), without the platform's time_t."""
+    t = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=ns // 1000)
     return t.isoformat(timespec="microseconds")
 
 
@@ -594,10 +647,14 @@ def read_traces(path: str | Path) -> list[ImportedTrace]:
         raise TraceImportError(f"{str(p)!r} is not UTF-8 text (OTLP/JSON expected)") from None
     except OSError as e:
         raise TraceImportError(f"cannot read {str(p)!r}: {e.strerror}") from e
-    spans = parse_spans(text, p.name)
-    if not spans:
-        raise TraceImportError(f"{p.name} holds no spans")
-    traces = interpret(spans, p.name)
+    try:
+        spans = parse_spans(text, p.name)
+        if not spans:
+            raise TraceImportError(f"{p.name} holds no spans")
+        traces = interpret(spans, p.name)
+    except RecursionError:
+        # values nested deeper than Python recurses (arrays in attributes, JSON in strings)
+        raise TraceImportError(f"{p.name} nests values too deeply to read") from None
     if not traces:
         raise TraceImportError(
             f"{p.name} holds {len(spans)} spans but no LLM call (expected spans with "
@@ -607,12 +664,23 @@ def read_traces(path: str | Path) -> list[ImportedTrace]:
 
 
 def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[ImportedRun]:
-    """One run per trace, each appended whole in one transaction."""
-    done = []
+    """One run per trace, each appended whole in one transaction. Every event of every trace
+    is encoded (and checked to read back) before the first run is created, so a trace the
+    journal would refuse leaves nothing behind."""
+    ready = []
     for t in traces:
         events = trace_events(t)
+        try:
+            payloads = [ev.encode_checked(e) for e in events]
+        except JournalError as e:
+            raise TraceImportError(
+                f"{t.source}: trace {t.trace_id} cannot be journaled: {e}"
+            ) from e
+        ready.append((t, events, payloads))
+    done = []
+    for t, events, payloads in ready:
         run_id = journal.create_run(IMPORTED_SCENARIO, label=f"trace {t.trace_id}")
-        journal.append(run_id, events, 0)
+        journal.append(run_id, events, 0, payloads=payloads)
         done.append(
             ImportedRun(
                 run_id=run_id,

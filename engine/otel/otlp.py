@@ -9,12 +9,17 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from typing import Any
 
 import msgspec
 
 from engine.errors import EngineError
 from engine.otel.attrs import attributes
+
+#: OTLP times are fixed64: nanoseconds since 1970, 0 to 2**64 - 1 (the year 2554, well within
+#: what a datetime holds)
+MAX_TIME_NS = 2**64 - 1
 
 
 class TraceImportError(EngineError):
@@ -33,6 +38,7 @@ class Span(msgspec.Struct, frozen=True):
     error: str | None  # status message when the span's status is ERROR
     service: str | None
     order: int  # position in the file: a tie-break for equal start times
+    where: str = ""  # "file: resourceSpans[r].scopeSpans[s].spans[n]", for errors
 
 
 def _id(value: Any, size: int, where: str) -> str:
@@ -56,16 +62,40 @@ def _id(value: Any, size: int, where: str) -> str:
 
 
 def _int(value: Any, where: str) -> int:
+    """A time in nanoseconds: an integer (a decimal string, as OTLP/JSON writes 64-bit
+    integers, or a JSON number without a fraction) from 0 to MAX_TIME_NS."""
+    n: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        n = int(value)
+    elif isinstance(value, str):
+        try:
+            n = int(value.strip())
+        except ValueError:  # also past Python's 4300-digit limit
+            n = None
+    if n is None or not 0 <= n <= MAX_TIME_NS:
+        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
+        raise TraceImportError(
+            f"{where}: expected an integer time in nanoseconds since 1970 (0 to 2**64-1),"
+            f" got {shown!r}"
+        )
+    return n
+
+
+def _attributes(kvs: Any, where: str) -> dict[str, Any]:
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise TraceImportError(f"{where}: expected an integer time, got {value!r}") from None
+        return attributes(kvs)
+    except ValueError as e:
+        raise TraceImportError(f"{where}: {e}") from None
 
 
 def _documents(text: str, source: str) -> list[tuple[str, Any]]:
     """The JSON documents of a file: one document, or one per line (JSON Lines)."""
     try:
         return [(source, json.loads(text))]
+    except RecursionError:
+        raise TraceImportError(f"{source} nests JSON arrays or objects too deeply") from None
     except json.JSONDecodeError as whole:
         lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
         if len(lines) <= 1:
@@ -79,6 +109,10 @@ def _documents(text: str, source: str) -> list[tuple[str, Any]]:
             except json.JSONDecodeError as e:
                 raise TraceImportError(
                     f"{source} line {i} is not JSON: {e.msg} at column {e.colno}"
+                ) from None
+            except RecursionError:
+                raise TraceImportError(
+                    f"{source} line {i} nests JSON arrays or objects too deeply"
                 ) from None
         return docs
 
@@ -96,11 +130,19 @@ def parse_spans(text: str, source: str = "trace") -> list[Span]:
         for r, rs in enumerate(doc["resourceSpans"]):
             if not isinstance(rs, dict):
                 raise TraceImportError(f"{where}: resourceSpans[{r}] is not an object")
-            resource = attributes((rs.get("resource") or {}).get("attributes"))
+            res = rs.get("resource") or {}
+            if not isinstance(res, dict):
+                raise TraceImportError(f"{where}: resourceSpans[{r}].resource is not an object")
+            resource = _attributes(res.get("attributes"), f"{where}: resourceSpans[{r}].resource")
             service = resource.get("service.name")
             scopes = rs.get("scopeSpans", rs.get("instrumentationLibrarySpans", []))
             for s, ss in enumerate(scopes if isinstance(scopes, list) else []):
-                for n, raw in enumerate((ss or {}).get("spans") or []):
+                raws = (ss if isinstance(ss, dict) else {}).get("spans") or []
+                if not isinstance(raws, list):
+                    raise TraceImportError(
+                        f"{where}: resourceSpans[{r}].scopeSpans[{s}].spans is not a list"
+                    )
+                for n, raw in enumerate(raws):
                     at = f"{where}: resourceSpans[{r}].scopeSpans[{s}].spans[{n}]"
                     spans.append(_span(raw, at, service, len(spans)))
     return spans
@@ -111,13 +153,18 @@ def _span(raw: Any, at: str, service: Any, order: int) -> Span:
         raise TraceImportError(f"{at} is not an object")
     parent = raw.get("parentSpanId") or None
     status = raw.get("status") or {}
+    if not isinstance(status, dict):
+        raise TraceImportError(f"{at}.status is not an object")
     code = status.get("code")
     error = None
     if code in (2, "STATUS_CODE_ERROR", "ERROR"):
         error = str(status.get("message") or "error")
+    raw_events = raw.get("events") or []
+    if not isinstance(raw_events, list):
+        raise TraceImportError(f"{at}.events is not a list")
     events = [
-        (str(e.get("name", "")), attributes(e.get("attributes")))
-        for e in raw.get("events") or []
+        (str(e.get("name", "")), _attributes(e.get("attributes"), f"{at}.events[{i}]"))
+        for i, e in enumerate(raw_events)
         if isinstance(e, dict)
     ]
     return Span(
@@ -127,9 +174,10 @@ def _span(raw: Any, at: str, service: Any, order: int) -> Span:
         name=str(raw.get("name", "")),
         start=_int(raw.get("startTimeUnixNano", 0), f"{at}.startTimeUnixNano"),
         end=_int(raw.get("endTimeUnixNano", 0), f"{at}.endTimeUnixNano"),
-        attrs=attributes(raw.get("attributes")),
+        attrs=_attributes(raw.get("attributes"), at),
         events=events,
         error=error,
         service=str(service) if service is not None else None,
         order=order,
+        where=at,
     )

@@ -1,0 +1,172 @@
+"""`car import` of a hostile or malformed OTLP/JSON trace: each is refused in one line naming
+what is wrong (exit 1) before anything is written, so the journal's runs stay as they were;
+what an accepted trace carries to the terminal (an agent's name) is shown, never obeyed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from otel_helpers import car
+
+from engine.journal import Journal
+
+TRACE_ID, SPAN_ID = "ab" * 16, "01" * 8
+
+
+def kv(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    return {"key": key, "value": value}
+
+
+def text(key: str, value: str) -> dict[str, Any]:
+    return kv(key, {"stringValue": value})
+
+
+def trace(*attrs: dict[str, Any], start: Any = "1000", end: Any = "2000") -> str:
+    """One chat span of agent "a" answering "hi", with `attrs` added (later ones win)."""
+    out = [{"role": "assistant", "parts": [{"type": "text", "content": "hi"}]}]
+    span = {
+        "traceId": TRACE_ID,
+        "spanId": SPAN_ID,
+        "name": "chat",
+        "startTimeUnixNano": start,
+        "endTimeUnixNano": end,
+        "attributes": [
+            text("gen_ai.operation.name", "chat"),
+            text("gen_ai.agent.name", "a"),
+            text("gen_ai.output.messages", json.dumps(out)),
+            *attrs,
+        ],
+    }
+    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [span]}]}]})
+
+
+TOKENS = "gen_ai.usage.output_tokens"
+BAD_TRACES = {
+    # name: (file text, what the one line must say)
+    "nested 100000 deep": ("[" * 100_000 + "]" * 100_000, "nests JSON"),
+    "time past 64 bits": (
+        trace(start="99999999999999999999999999"),
+        r"spans\[0\]\.startTimeUnixNano: expected an integer time in nanoseconds",
+    ),
+    "time 1.5e300": (
+        trace(start=1.5e300),
+        r"spans\[0\]\.startTimeUnixNano: expected an integer time in nanoseconds",
+    ),
+    "time negative": (trace(end="-5"), r"endTimeUnixNano: expected an integer time in nanoseconds"),
+    "time a fraction": (
+        trace(start=1.5),
+        r"startTimeUnixNano: expected an integer time in nanoseconds",
+    ),
+    "tokens NaN": (
+        trace(kv(TOKENS, {"doubleValue": float("nan")})),
+        rf"{TOKENS}: expected a token count .* got nan",
+    ),
+    "tokens infinite": (
+        trace(kv(TOKENS, {"doubleValue": float("inf")})),
+        rf"{TOKENS}: expected a token count",
+    ),
+    "tokens past 64 bits": (
+        trace(kv(TOKENS, {"intValue": "99999999999999999999999"})),
+        rf"{TOKENS}: expected a token count .* got 99999999999999999999999",
+    ),
+    "tokens negative": (
+        trace(kv("gen_ai.usage.input_tokens", {"intValue": "-3"})),
+        r"gen_ai.usage.input_tokens: expected a token count",
+    ),
+    "tokens text": (trace(text(TOKENS, "many")), rf"{TOKENS}: expected a token count"),
+    "seed past 64 bits": (
+        trace(kv("gen_ai.request.seed", {"intValue": str(2**70)})),
+        r"seed: expected a 64-bit integer",
+    ),
+    "intValue not a number": (
+        trace(kv("x", {"intValue": "abc"})),
+        r"spans\[0\]: attribute 'x': invalid literal",
+    ),
+    "bytesValue not base64": (
+        trace(kv("x", {"bytesValue": "abc"})),
+        r"spans\[0\]: attribute 'x': Incorrect padding",
+    ),
+    "messages nested 100000 deep": (
+        trace(text("gen_ai.input.messages", "[" * 100_000 + "]" * 100_000)),
+        "nests values too deeply",
+    ),
+    "agent name a lone surrogate": (
+        trace(text("gen_ai.agent.name", "\ud800")),
+        "cannot be journaled",
+    ),
+    "status not an object": (
+        trace().replace('"name": "chat",', '"name": "chat", "status": 5,'),
+        r"spans\[0\]\.status is not an object",
+    ),
+}
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    """A journal holding one imported run (so "unchanged" is not merely "still empty")."""
+    path, good = tmp_path / "j.db", tmp_path / "good.json"
+    good.write_text(trace())
+    res = car(path, "import", str(good))
+    assert res.returncode == 0, res.stderr
+    return path
+
+
+def _runs(path: Path) -> list[str]:
+    with Journal(path, readonly=True) as j:
+        return [r.run_id for r in j.runs()]
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TRACES))
+def test_a_malformed_trace_is_one_line_and_writes_nothing(
+    journal: Path, tmp_path: Path, name: str
+) -> None:
+    """Each malformed trace: one line on stderr saying what and where, exit 1, no traceback,
+    and the journal's runs exactly as before (no 0-step `abandoned` run left behind)."""
+    body, says = BAD_TRACES[name]
+    before = _runs(journal)
+    path = tmp_path / "bad.json"
+    path.write_text(body, encoding="utf-8", errors="surrogatepass")
+    res = car(journal, "import", str(path))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: "), lines
+    assert re.search(says, lines[0]), lines[0]
+    assert _runs(journal) == before
+
+
+def test_large_but_valid_numbers_import(tmp_path: Path) -> None:
+    """The limits are the schema's, not tighter: the largest time OTLP can carry, a token
+    count of 2**63-1 and an unsigned 64-bit seed import and read back."""
+    path, file = tmp_path / "j.db", tmp_path / "t.json"
+    file.write_text(
+        trace(
+            kv(TOKENS, {"intValue": str(2**63 - 1)}),
+            kv("gen_ai.request.seed", {"intValue": str(2**64 - 1)}),
+            start=str(2**64 - 2),
+            end=str(2**64 - 1),
+        )
+    )
+    res = car(path, "import", str(file))
+    assert res.returncode == 0, res.stderr
+    with Journal(path, readonly=True) as j:
+        (run,) = j.runs()
+        (call,) = [e for e in j.events(run.run_id) if type(e).__name__ == "LlmCall"]
+        assert (call.completion_tokens, call.seed) == (2**63 - 1, 2**64 - 1)  # type: ignore[attr-defined]
+
+
+def test_an_agent_name_with_escape_sequences_is_printed_escaped(tmp_path: Path) -> None:
+    """An agent name carrying OSC (retitle), a bell, a clear-screen and a colour is shown in
+    `car import`'s summary as visible escapes: no ESC or BEL byte reaches the terminal."""
+    name = "a\x1b]0;PWNED\x07\x1b[2J\x1b[31m"
+    file = tmp_path / "t.json"
+    file.write_text(trace(text("gen_ai.agent.name", name)))
+    res = car(tmp_path / "j.db", "import", str(file))
+    assert res.returncode == 0, res.stderr
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout
+    assert r"agents a\x1b]0;PWNED\x07\x1b[2J\x1b[31m (completed)" in res.stdout
