@@ -379,6 +379,21 @@ def test_progress_counts_skipped_games(tmp_path: Path) -> None:
     assert calls == [(3, 3)] and out["skipped_without_mole"] == runs[:2]
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_no_game_with_a_mole_is_an_error_not_an_empty_report(tmp_path: Path, n: int) -> None:
+    """Runs none of which has a mole leave nothing to score: one DetectError saying so (the
+    report came out with blank accuracies and exit 0)."""
+    from engine.heist.session import record_heist
+
+    with Journal(tmp_path / "j.db") as j:
+        runs = [
+            record_heist(j, SimPolicy(), seed=s, rounds=1, no_mole=True).run_id for s in range(n)
+        ]
+        which = "the run given has no" if n == 1 else "none of the 2 runs has a"
+        with pytest.raises(DetectError, match=f"^{which} mole to evaluate against"):
+            evaluate(j, runs, ["rules"])
+
+
 def test_accuracy_and_brier_are_rounded_to_four_places() -> None:
     """1 hit of 3 is an accuracy of 0.3333 (overall and in a reliability bin); a Brier score
     of 1/9 is 0.1111; seconds a game keep 4 places, forward runs a game 2."""

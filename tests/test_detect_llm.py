@@ -64,6 +64,15 @@ ANSWERS = [
     ('{"planner": NaN, "hacker": true}', None, "no usable score"),
     ('{"planner": 0.5, "hack', (0.5, 0.5), "not JSON"),
     ("", None, "no usable score"),
+    # an int past a float's range (OverflowError in math.isfinite) and nesting deeper than the
+    # JSON parser (RecursionError) ended the analysis with a traceback
+    ('{"planner": 1' + "0" * 400 + ', "hacker": 0.7}', (0.7, 0.7), "out-of-range"),
+    (
+        '{"planner": 0.2, "hacker": 0.7, "x": ' + "[" * 5000 + "]" * 5000 + "}",
+        (0.2, 0.7),
+        "not JSON",
+    ),
+    ("[" * 5000 + "]" * 5000, None, "no usable score"),
 ]
 
 

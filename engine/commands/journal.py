@@ -110,7 +110,9 @@ def runs_cmd(
     for r in rows:
         indent = "  " * r["depth"]
         outcome = r.get("outcome") or {}
-        verdict = "" if not outcome else ("bad" if outcome.get("bad") else "ok")
+        # a run that ended without one (failed, stopped) has no outcome: not "ok"
+        bad = outcome.get("bad")
+        verdict = "" if bad is None else "bad" if bad else "ok"
         table.add_row(
             indent + r["run_id"],
             r["parent_run_id"] or "",

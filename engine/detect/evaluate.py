@@ -120,12 +120,19 @@ def evaluate(
             raise DetectError(
                 f"unknown detection method {m!r}; expected one of: " + ", ".join(METHODS)
             )
+    truths = {rid: truth(journal, rid) for rid in runs}
+    if runs and all(t is None for t in truths.values()):
+        # nothing to score against: an empty report would read as a result
+        which = "the run given has no" if len(runs) == 1 else f"none of the {len(runs)} runs has a"
+        raise DetectError(
+            f"{which} mole to evaluate against (recorded with --no-mole, or not a heist)"
+        )
     games: list[Game] = []
     skipped: list[str] = []
     total = len(runs) * len(methods)
     done = 0
     for rid in runs:
-        t = truth(journal, rid)
+        t = truths[rid]
         if t is None:
             skipped.append(rid)
             done += len(methods)

@@ -188,7 +188,7 @@ def _loads(candidate: str) -> tuple[Any, list[str]] | None:
     """json.loads, then a few well-known repairs, each named in the returned notes."""
     try:
         return json.loads(candidate), []
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser
         pass
     notes = []
     fixed = candidate
@@ -203,7 +203,7 @@ def _loads(candidate: str) -> tuple[Any, list[str]] | None:
         notes.append("unquoted keys")
     try:
         return json.loads(fixed), notes
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -239,16 +239,21 @@ def _number(value: Any) -> tuple[float | None, str | None]:
             value = float(s.rstrip("%").strip())
         except ValueError:
             return None, f"non-numeric value {_clip(value, 40)!r}"
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not isinstance(value, (int, float)):
         return None, f"non-numeric value {_clip(str(value), 40)!r}"
-    x = float(value)
+    try:
+        x = float(value)  # an int past a float's range (1 followed by 400 zeros) overflows
+    except OverflowError:
+        return None, f"out-of-range value {_clip(str(value), 40)!r}"
+    if not math.isfinite(x):
+        return None, f"non-numeric value {_clip(str(value), 40)!r}"
     if percent or 1.0 < x <= 100.0:
         if 0.0 <= x <= 100.0:
             return x / 100.0, f"read {value!r} as a percentage"
-        return None, f"out-of-range value {value!r}"
+        return None, f"out-of-range value {_clip(str(value), 40)!r}"
     if 0.0 <= x <= 1.0:
         return x, None
-    return None, f"out-of-range value {value!r}"
+    return None, f"out-of-range value {_clip(str(value), 40)!r}"
 
 
 def parse_scores(raw: str, agents: Sequence[str]) -> Parsed:
