@@ -79,8 +79,23 @@ def record_cmd(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Root seed of injected per-call seeds.")] = 0,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds per upstream call.")
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            max=86400.0,
+            help="The most one upstream call may take in seconds, its whole reply or stream.",
+        ),
     ] = 600.0,
+    max_reply_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-reply-bytes",
+            min=1024,
+            max=64 * 1024 * 1024,
+            help="Largest upstream reply accepted, also after gzip (a stream: its text).",
+        ),
+    ] = 256 * 1024,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a program with its OpenAI calls recorded through a local proxy, as one run.
@@ -103,6 +118,7 @@ def record_cmd(
                 outcome=outcome,
                 seed=seed,
                 timeout=timeout,
+                max_reply_bytes=max_reply_bytes,
                 stdout=sys.stderr if as_json else None,
             )
         except KeyboardInterrupt:

@@ -33,7 +33,13 @@ from engine.interventions import Intervention, iv_value, op_name
 from engine.journal import Journal
 from engine.program import wire
 from engine.program.proxy import Proxy, Session, Upstream
-from engine.program.session import SCENARIO, _prefix_tools, _utc_now, program_info
+from engine.program.session import (
+    SCENARIO,
+    _prefix_tools,
+    _utc_now,
+    branch_upstream,
+    program_info,
+)
 from engine.runtime.recorder import Recorder
 from engine.state import State, state_at_seq, step_seq
 from engine.version import engine_version
@@ -151,10 +157,9 @@ def fork_recording(
     )
     rec.flush()
     tool_ids, done = _prefix_tools(journal, info.run_id, fork_seq, info.calls, k)
-    url = upstream or info.config.get("upstream")
     session = Session(
         recorder=rec,
-        upstream=Upstream(str(url)) if url else None,
+        upstream=branch_upstream(info, upstream),
         root_seed=info.root_seed,
         recorded=info.calls,
         fork_at=k,

@@ -27,8 +27,13 @@ from engine.interventions import (
 )
 from engine.journal import Journal
 from engine.program.matching import MatchMode
-from engine.program.proxy import Upstream
-from engine.program.session import ProgramInfo, ProgramRun, fork_branch, program_info
+from engine.program.session import (
+    ProgramInfo,
+    ProgramRun,
+    branch_upstream,
+    fork_branch,
+    program_info,
+)
 
 Progress = Callable[[int, int], None]
 
@@ -46,9 +51,9 @@ def _result(run: ProgramRun, reused: bool = False) -> BranchResult:
 
 
 def _check_live(info: ProgramInfo, upstream: str | None) -> None:
-    url = upstream or info.config.get("upstream")
-    if url:
-        Upstream(str(url)).check()
+    up = branch_upstream(info, upstream)
+    if up is not None:
+        up.check()
 
 
 def fork_program(

@@ -6,7 +6,11 @@ thread and that thread's keep-alive connection to the upstream). Every chat comp
 answered by one of three sources, decided per call by `route` (engine.program.matching names
 the call by agent and position):
 
-* live: forwarded to the upstream server, and journaled;
+* live: forwarded to the upstream server (engine.program.upstream: each call under one
+  deadline and a size bound), and journaled once its answer is whole. An upstream that fails
+  the call (unreachable, too slow, a cut, malformed or oversized reply; in a fork's branch
+  also an HTTP error) fails the session with one line naming it, and the program gets an
+  HTTP error (502, 504) or, when its stream is under way, an error event ending it;
 * the journal: the recorded answer of the same call (a replay, or a fork's prefix), checked
   against the recorded request under the match mode; a miss answers HTTP 400 with the one-line
   diagnosis, and the first miss is kept as the session's failure;
@@ -17,8 +21,11 @@ the call by agent and position):
 
 Journaling happens under one lock, in completion order: a call's step number is taken when its
 events are appended (so steps grow with seq even when a program's agents call concurrently),
-and the step's events are one atomic append (engine.runtime.recorder). The reply is written in
-one send (status line, headers and body together), so Nagle's algorithm never delays it.
+and the step's events are one atomic append (engine.runtime.recorder). A request whose seed
+no journal can hold is refused (400) before it is forwarded. A program hanging up is normal
+and silent; car's own faults are one line, never a traceback over the program's output. The
+reply is written in one send (status line, headers and body together), so Nagle's algorithm
+never delays it.
 """
 
 from __future__ import annotations
@@ -27,15 +34,14 @@ import contextlib
 import http.client
 import socket
 import socketserver
+import sys
 import threading
 import time
-import urllib.parse
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from engine import events as ev
-from engine.errors import EngineError, JournalError
+from engine.errors import EngineError
 from engine.interventions import (
     DoAction,
     DoContext,
@@ -52,73 +58,16 @@ from engine.program.matching import (
     first_difference,
     normalised,
 )
+from engine.program.upstream import (
+    DEFAULT_TIMEOUT,
+    Upstream,
+    UpstreamAborted,
+    UpstreamError,
+    UpstreamUnreachable,
+)
 from engine.runtime.recorder import Recorder
 
-DEFAULT_TIMEOUT = 600.0
 MAX_BODY = 64 << 20
-
-
-class UpstreamError(EngineError):
-    """The upstream server cannot be reached."""
-
-
-class Upstream:
-    """An OpenAI-compatible server: its base URL, one keep-alive connection per thread."""
-
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
-        u = urllib.parse.urlsplit(base_url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise UpstreamError(f"upstream must be an http(s) URL, got {base_url!r}")
-        self.url = base_url.rstrip("/")
-        self.https = u.scheme == "https"
-        self.host = u.hostname
-        self.port = u.port or (443 if self.https else 80)
-        self.prefix = u.path.rstrip("/")
-        self.timeout = timeout
-        self._local = threading.local()
-
-    def _conn(self, fresh: bool = False) -> http.client.HTTPConnection:
-        c = getattr(self._local, "conn", None)
-        if c is None or fresh:
-            if c is not None:
-                c.close()
-            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-            c = cls(self.host, self.port, timeout=self.timeout)
-            self._local.conn = c
-        return c
-
-    def check(self, timeout: float = 3.0) -> None:
-        """UpstreamError unless something accepts connections at the upstream's address."""
-        try:
-            socket.create_connection((self.host, self.port), timeout=timeout).close()
-        except OSError as e:
-            raise UpstreamError(f"upstream {self.url} is unreachable: {_reason(e)}") from e
-
-    def send(
-        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
-    ) -> http.client.HTTPResponse:
-        """Send a request; the response with its body unread. A kept-alive connection the
-        server closed meanwhile is re-opened once; UpstreamError when it cannot be reached."""
-        for attempt in (0, 1):
-            c = self._conn(fresh=attempt == 1)
-            reused = c.sock is not None
-            try:
-                c.request(method, self.prefix + path, body=body, headers=headers)
-                if c.sock is not None:
-                    c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return c.getresponse()
-            except (OSError, http.client.HTTPException) as e:
-                c.close()
-                if attempt == 0 and reused:
-                    continue
-                raise UpstreamError(f"upstream {self.url} is unreachable: {_reason(e)}") from e
-        raise AssertionError("unreachable")
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror.lower()
-    return str(e) or type(e).__name__
 
 
 def _run_tool(run: Any) -> tuple[Any, str, Exception | None]:
@@ -185,6 +134,35 @@ class Session:
         self.current: tuple[int, str, bool] | None = None
         self._inflight = 0
         self._idle = threading.Condition(self.lock)
+        self.closed = False  # the proxy closed: calls still in flight are abandoned
+
+    def set_policy(self, spec: dict[str, Any]) -> None:
+        """do_policy reached call k: this and later live calls take the policy's model, and
+        its server (`base_url`) and `timeout` when it gives them."""
+        self.policy = spec
+        base = self.upstream
+        url = spec.get("base_url") or (base.url if base is not None else None)
+        if url is None or ("base_url" not in spec and "timeout" not in spec):
+            return
+        up = Upstream(
+            str(url),
+            float(spec.get("timeout") or (base.timeout if base else DEFAULT_TIMEOUT)),
+            *([base.max_reply_bytes] if base is not None else []),
+        )
+        with self.lock:
+            self.policy_upstream = up
+            closed = self.closed
+        if closed:
+            up.abort()
+
+    def abort(self) -> None:
+        """Abandon every upstream call in flight (their programs will not read the answers)
+        and journal nothing more."""
+        with self.lock:
+            self.closed = True
+            ups = [u for u in (self.upstream, self.policy_upstream) if u is not None]
+        for u in ups:
+            u.abort()
 
     # ------------------------------------------------------------------ routing
 
@@ -286,6 +264,8 @@ class Session:
         assert self.recorder is not None
         entries = wire.request_entries(body, seed_source)
         with self.lock:
+            if self.closed:
+                raise UpstreamAborted("the proxy closed before the call was journaled")
             events: list[ev.Event] = []
             for m in body.get("messages") or []:
                 if not isinstance(m, dict) or m.get("role") != "tool":
@@ -357,7 +337,7 @@ class Session:
                 value, text, exc = _run_tool(run)
         else:
             value, text, exc = _run_tool(run)
-        if cur is None or not cur[2] or self.recorder is None:
+        if cur is None or not cur[2] or self.recorder is None or self.closed:
             if exc is not None:
                 raise exc
             return value
@@ -458,14 +438,39 @@ class _Server(ThreadingHTTPServer):
         socketserver.TCPServer.server_bind(self)  # skip the reverse DNS lookup of HTTPServer
         self.server_name, self.server_port = self.server_address[:2]  # type: ignore[assignment]
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A program closing its connection (after a stream's [DONE], or when it exits) is
+        normal and silent; anything else is one line, never a traceback over its output."""
+        e = sys.exc_info()[1]
+        if e is None or isinstance(e, ConnectionError | TimeoutError):
+            return
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"car proxy: error serving a request: {type(e).__name__}: {e}\n")
+            sys.stderr.flush()
+
 
 def _error_body(message: str, kind: str) -> bytes:
     return wire.canonical({"error": {"message": message, "type": kind, "code": kind}}).encode()
 
 
+def _error_text(data: bytes) -> str:
+    """The message of an upstream's error reply on one line: `error.message`, else the body
+    (clipped)."""
+    text = data.decode("utf-8", errors="replace")
+    with contextlib.suppress(Exception):
+        body = wire.decode_json(data)
+        err = body.get("error") if isinstance(body, dict) else None
+        msg = err.get("message") if isinstance(err, dict) else err
+        if isinstance(msg, str) and msg.strip():
+            text = msg
+    text = " ".join(text.split())
+    return (text[:200] + "…" if len(text) > 200 else text) or "(empty body)"
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    _sent = False  # the status line of the current request's answer went out
 
     def setup(self) -> None:
         super().setup()
@@ -484,12 +489,14 @@ class _Handler(BaseHTTPRequestHandler):
             f"HTTP/1.1 {status} {http.client.responses.get(status, 'Status')}\r\n"
             f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
         ).encode("latin-1")
+        self._sent = True
         self.wfile.write(head + body)
 
     def _error(self, status: int, message: str, kind: str) -> None:
         self._reply(status, _error_body(message, kind))
 
     def _start_stream(self) -> None:
+        self._sent = True
         self.wfile.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -500,6 +507,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _end_stream(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
+
+    def _fail_stream(self, message: str, kind: str) -> None:
+        """End a stream already under way with an error event (the `openai` client raises it
+        as an APIError) and no [DONE]; the connection is not reused."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self._chunk(b"data: " + _error_body(message, kind) + b"\n\n")
+            self._end_stream()
 
     def _body(self) -> bytes:
         n = int(self.headers.get("Content-Length") or 0)
@@ -518,9 +533,11 @@ class _Handler(BaseHTTPRequestHandler):
     # ---------------------------------------------------------------- routes
 
     def do_GET(self) -> None:
+        self._sent = False
         self._passthrough("GET", None)
 
     def do_POST(self) -> None:
+        self._sent = False
         try:
             raw = self._body()
         except ValueError as e:
@@ -549,13 +566,15 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/v1/") or path == "/v1":
             path = path[3:]
         try:
-            resp = up.send(method, path, raw, self._upstream_headers())
-            data = resp.read()
+            with up.call(method, path, raw, self._upstream_headers()) as r:
+                status, data = r.status, r.body()
+                ctype = r.header("Content-Type") or "application/json"
         except UpstreamError as e:
-            s.fail(str(e))
-            self._error(502, str(e), "car_upstream_unreachable")
+            if not isinstance(e, UpstreamAborted):
+                s.fail(str(e))
+            self._error(e.status, str(e), e.kind)
             return
-        self._reply(resp.status, data, resp.getheader("Content-Type") or "application/json")
+        self._reply(status, data, ctype)
 
     def _chat(self, raw: bytes) -> None:
         s = self.server.session
@@ -570,19 +589,34 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("n") not in (None, 1):
             self._error(400, f"n={body.get('n')!r}: one choice per call is recorded", "car")
             return
+        problem = wire.seed_problem(body)
+        if problem is not None:
+            # refused before it reaches the upstream: an answer that cannot be journaled
+            # would be lost, and the run with it
+            self._error(400, f"car cannot record this request: {problem}", "car_bad_request")
+            return
         agent, ordinal = s.begin(self.headers.get(wire.AGENT_HEADER), body)
         try:
             self._answer(s, agent, ordinal, body)
         except Miss as e:
             self._error(400, f"car replay miss: {e}", "car_replay_miss")
         except UpstreamError as e:
-            s.fail(str(e))
-            self._error(502, str(e), "car_upstream_unreachable")
-        except (JournalError, EngineError) as e:
+            if not isinstance(e, UpstreamAborted):
+                s.fail(str(e))
+            self._error(e.status, str(e), e.kind)
+        except EngineError as e:
             s.fail(str(e))
             self._error(500, str(e), "car_error")
-        except (BrokenPipeError, ConnectionResetError):
+        except ConnectionError:
             self.close_connection = True
+        except Exception as e:
+            # a fault of car's own: the call is lost, so the run must not look complete
+            message = f"car proxy failed a call of agent {agent!r}: {type(e).__name__}: {e}"
+            s.fail(message)
+            self.close_connection = True
+            if not self._sent:
+                with contextlib.suppress(OSError):
+                    self._error(500, message, "car_error")
         finally:
             s.end()
 
@@ -611,10 +645,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._journal_and_send(s, agent, ordinal, body, rec.call.seed, "branch", a, 0.0)
                 return
             if isinstance(iv, DoPolicy):
-                s.policy = dict(iv.policy)
-                url = s.policy.get("base_url")
-                if url:
-                    s.policy_upstream = Upstream(str(url), float(s.policy.get("timeout") or 600))
+                s.set_policy(dict(iv.policy))
             self._live(s, agent, ordinal, body, at_k=True)
             return
         if route == "forced":
@@ -654,31 +685,41 @@ class _Handler(BaseHTTPRequestHandler):
     def _live(self, s: Session, agent: str, ordinal: int, body: dict[str, Any], at_k: bool) -> None:
         up = s.policy_upstream or s.upstream
         if up is None:
-            raise UpstreamError("no upstream server to answer a live call (give --base-url)")
+            raise UpstreamUnreachable("no upstream server to answer a live call (give --base-url)")
         seed, source = s.seed_for(agent, ordinal, body)
         sent = s.edit(body, at_k) if s.fork_at is not None else body
         sent = {**sent, "seed": seed}
         payload = wire.canonical(sent).encode()
         t0 = time.perf_counter()
-        resp = up.send("POST", "/chat/completions", payload, self._upstream_headers())
-        if resp.status != 200:
-            data = resp.read()
-            s.upstream_errors.append(f"HTTP {resp.status}")
-            self._reply(resp.status, data, resp.getheader("Content-Type") or "application/json")
-            return
-        if body.get("stream"):
-            self._live_stream(s, agent, ordinal, sent, seed, source, resp, t0, up)
-            return
-        data = resp.read()
+        with up.call("POST", "/chat/completions", payload, self._upstream_headers()) as r:
+            if r.status != 200:
+                data = r.body()
+                s.upstream_errors.append(f"HTTP {r.status}")
+                if s.fork_at is not None:
+                    # a branch whose live part the upstream refused tested nothing: it is
+                    # failed (unscored), as when the upstream cannot be reached
+                    s.fail(f"upstream {up.url} answered HTTP {r.status}: {_error_text(data)}")
+                ctype = r.header("Content-Type") or "application/json"
+                self._reply(r.status, data, ctype)
+                return
+            ctype = (r.header("Content-Type") or "").lower()
+            if body.get("stream") and "json" not in ctype:
+                self._live_stream(s, agent, ordinal, sent, seed, source, r, t0, up)
+                return
+            data = r.body()
         latency = (time.perf_counter() - t0) * 1000.0
         try:
             reply = wire.decode_json(data)
+            if not isinstance(reply, dict):
+                raise ValueError("the reply is not a JSON object")
             a = wire.answer_of(reply)
         except Exception as e:
-            s.upstream_errors.append(f"unreadable reply: {e}")
-            self._reply(502, _error_body(f"upstream reply unreadable: {e}", "car_upstream"))
+            raise UpstreamError(f"upstream {up.url} sent an unreadable reply: {e}") from e
+        k = s.journal_call(agent, ordinal, sent, seed, source, a, latency, up.url)
+        if body.get("stream"):
+            # a server that answers a streamed request with one completion: streamed on
+            self._send_answer(body, a, agent, ordinal, k)
             return
-        s.journal_call(agent, ordinal, sent, seed, source, a, latency, up.url)
         if a.tool_calls:
             wire.rewrite_tool_ids(reply, agent, ordinal)
             data = wire.canonical(reply).encode()
@@ -692,38 +733,47 @@ class _Handler(BaseHTTPRequestHandler):
         sent: dict[str, Any],
         seed: int,
         source: str,
-        resp: http.client.HTTPResponse,
+        r: Any,
         t0: float,
         up: Upstream,
     ) -> None:
+        """Relay the upstream's stream event by event and journal it once it is complete.
+        The program's stream starts with the first good event, so a stream that fails before
+        it is an HTTP error; a stream that fails later (cut, malformed, oversized, too slow)
+        ends with an error event. Either way the call is not journaled and the run fails."""
         asm = wire.StreamAssembler(agent, ordinal)
-        self._start_stream()
-        for data in _sse_data(resp):
-            self._chunk(b"data: " + asm.feed(data) + b"\n\n")
+        limit = up.max_reply_bytes
+        try:
+            for data in r.events():
+                try:
+                    relay = asm.feed(data)
+                except ValueError as e:
+                    raise UpstreamError(f"upstream {up.url} sent a malformed stream: {e}") from e
+                if asm.size > limit:
+                    raise UpstreamError(
+                        f"upstream {up.url} streamed a reply larger than the limit of {limit} "
+                        "bytes (--max-reply-bytes)"
+                    )
+                if not self._sent:
+                    self._start_stream()
+                self._chunk(b"data: " + relay + b"\n\n")
+            if not asm.complete:
+                raise UpstreamError(
+                    f"upstream {up.url} ended its stream before it finished "
+                    "(no finish_reason, no [DONE])"
+                )
+        except UpstreamError as e:
+            if not self._sent:
+                raise
+            if not isinstance(e, UpstreamAborted):
+                s.fail(str(e))
+            self._fail_stream(str(e), e.kind)
+            return
         latency = (time.perf_counter() - t0) * 1000.0
-        if not asm.done:
-            s.upstream_errors.append("stream ended without [DONE]")
         s.journal_call(agent, ordinal, sent, seed, source, asm.answer(), latency, up.url)
+        if not self._sent:
+            self._start_stream()
         self._end_stream()
-
-
-def _sse_data(resp: http.client.HTTPResponse) -> Iterator[bytes]:
-    """The data of each server-sent event of a response, as it arrives."""
-    buf: list[bytes] = []
-    while True:
-        line = resp.readline()
-        if not line:
-            break
-        line = line.rstrip(b"\r\n")
-        if not line:
-            if buf:
-                yield b"\n".join(buf)
-                buf = []
-            continue
-        if line.startswith(b"data:"):
-            buf.append(line[5:].lstrip(b" "))
-    if buf:
-        yield b"\n".join(buf)
 
 
 class Proxy:
@@ -743,14 +793,19 @@ class Proxy:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # an exception (Ctrl-C above all) ends the program: its calls' answers have no reader
+        self.close(0.0 if exc_type is not None else 5.0)
 
     def close(self, wait: float = 5.0) -> None:
-        """Stop accepting, and wait (bounded) for calls in flight to be journaled."""
+        """Stop accepting, wait (at most `wait` seconds) for calls in flight to be journaled,
+        then abandon the rest: their upstream calls are cut and nothing more is journaled."""
         self._server.shutdown()
         self._server.server_close()
-        self.session.wait_idle(wait)
+        if not self.session.wait_idle(wait):
+            self.session.abort()
+            self.session.wait_idle(2.0)
+        self.session.abort()
 
 
 __all__ = ["DoResample", "Miss", "Proxy", "Session", "Upstream", "UpstreamError"]

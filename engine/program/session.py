@@ -6,9 +6,11 @@ A run of a recorded program (scenario "program") is one execution of the command
 whose outcome is the program's exit status and the outcome command's: `bad` unless both are 0.
 
 Whatever ends the execution, the run is closed: the program's own exit (any status) ends it
-`completed`; a replay miss, an unreachable upstream or a journal error end it `failed` with that
-reason; Ctrl-C ends it `stopped`. Only a SIGKILL of `car` itself leaves it open, and then the
-writer lease says so (engine.journal: `abandoned`, closed by `car runs --close-abandoned`).
+`completed`; a replay miss, an upstream that fails a call (unreachable, too slow, a cut, malformed
+or oversized reply; in a fork's branch also an HTTP error) or a journal error end it `failed`
+with that reason; Ctrl-C ends it `stopped` (the calls in flight abandoned at once). Only a
+SIGKILL of `car` itself leaves it open, and then the writer lease says so (engine.journal:
+`abandoned`, closed by `car runs --close-abandoned`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from engine.interventions import Intervention, iv_value, op_name
 from engine.journal import Journal
 from engine.program import wire
 from engine.program.matching import MatchMode, RecordedCall, recorded_calls
-from engine.program.proxy import Proxy, Session, Upstream
+from engine.program.proxy import Proxy, Session
+from engine.program.upstream import DEFAULT_MAX_REPLY_BYTES, DEFAULT_TIMEOUT, Upstream
 from engine.runtime.recorder import Recorder
 from engine.state import State, state_at_seq, step_seq
 from engine.version import engine_version
@@ -204,13 +207,16 @@ def record(
     name: str = "",
     outcome: str | None = None,
     seed: int = 0,
-    timeout: float = 600.0,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     stdout: Any = None,
 ) -> ProgramRun:
     """Record one execution of `cmd` as a new run. UpstreamError / ProgramError (nothing
-    journaled) when the upstream is unreachable or the command does not exist."""
+    journaled) when the upstream is unreachable or the command does not exist. Each upstream
+    call takes at most `timeout` seconds in all and `max_reply_bytes`; a call past either
+    fails (the program gets HTTP 504 or 502) and so does the run."""
     check_command(cmd)
-    up = Upstream(upstream, timeout)
+    up = Upstream(upstream, timeout, max_reply_bytes)
     up.check()
     run_id = journal.create_run(SCENARIO, label=name or shlex.join(cmd)[:80])
     recorder = Recorder(journal, run_id, State(), 0)
@@ -224,6 +230,8 @@ def record(
                     "upstream": up.url,
                     "outcome": outcome,
                     "name": name,
+                    "timeout": up.timeout,
+                    "max_reply_bytes": up.max_reply_bytes,
                 },
                 agents=[],
                 policy={"name": "program", "base_url": up.url},
@@ -405,6 +413,21 @@ def _prefix_tools(
     return {t: v for t, v in ids.items() if t not in done}, done
 
 
+def branch_upstream(info: ProgramInfo, upstream: str | None) -> Upstream | None:
+    """The upstream of a branch's live calls: `upstream`, else the recorded one, with the
+    bounds the run was recorded with."""
+    url = upstream or info.config.get("upstream")
+    if not url:
+        return None
+    timeout = info.config.get("timeout")
+    max_reply = info.config.get("max_reply_bytes")
+    return Upstream(
+        str(url),
+        float(timeout) if isinstance(timeout, int | float) else DEFAULT_TIMEOUT,
+        max_reply if isinstance(max_reply, int) else DEFAULT_MAX_REPLY_BYTES,
+    )
+
+
 def fork_branch(
     journal: Journal,
     info: ProgramInfo,
@@ -434,8 +457,7 @@ def fork_branch(
             f"{info.run_id!r} asked for none (calls with tool calls: "
             f"{', '.join(with_tools) or 'none'})"
         )
-    url = upstream or info.config.get("upstream")
-    up = Upstream(str(url)) if url else None
+    up = branch_upstream(info, upstream)
     fork_seq = step_seq(journal, info.run_id, k)
     state = state_at_seq(journal, info.run_id, fork_seq)
     child = journal.fork(info.run_id, fork_seq, label=label)
@@ -477,6 +499,7 @@ __all__ = [
     "ProgramInfo",
     "ProgramRun",
     "ReplayReport",
+    "branch_upstream",
     "fork_branch",
     "program_info",
     "record",

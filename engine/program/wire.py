@@ -124,6 +124,18 @@ class AgentNames:
                 return
 
 
+#: The seeds a journal can hold (`LlmCall.seed` is a signed 64-bit integer, as OpenAI's is).
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+def seed_problem(body: Mapping[str, Any]) -> str | None:
+    """Why the request's `seed` cannot be journaled (None: it can, or there is none)."""
+    s = body.get("seed")
+    if isinstance(s, int) and not isinstance(s, bool) and not SEED_MIN <= s <= SEED_MAX:
+        return f"seed={s!r} is outside the 64-bit range [{SEED_MIN}, {SEED_MAX}]"
+    return None
+
+
 def derived_seed(root: int, agent: str, ordinal: int) -> int:
     """The seed of an agent's n-th call under a root (or branch) seed: 31 bits, which every
     OpenAI-compatible server accepts."""
@@ -274,9 +286,50 @@ def stream_chunks(a: Answer, agent: str, ordinal: int, step: int, usage: bool) -
     yield b"data: [DONE]\n\n"
 
 
+class _FunctionDelta(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallDelta(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: _FunctionDelta | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_ToolCallDelta] | None = None
+
+
+class _ChunkChoice(msgspec.Struct):
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _ChunkUsage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Chunk(msgspec.Struct):
+    """The fields of a streamed chat-completion chunk the journal reads (others pass as is)."""
+
+    choices: list[_ChunkChoice] | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
+    usage: _ChunkUsage | None = None
+
+
+def _clip(data: bytes, n: int = 80) -> str:
+    text = data.decode("utf-8", errors="replace")
+    return repr(text if len(text) <= n else text[:n] + "…")
+
+
 class StreamAssembler:
     """Reads an upstream SSE stream chunk by chunk into one Answer, rewriting tool-call ids
-    on the way (each event is handed back, possibly re-encoded, to be relayed)."""
+    on the way (each event is handed back, possibly re-encoded, to be relayed). An event that
+    is not a chat-completion chunk is a ValueError saying what is wrong and where."""
 
     def __init__(self, agent: str, ordinal: int) -> None:
         self.agent = agent
@@ -284,12 +337,19 @@ class StreamAssembler:
         self.parts: list[str] = []
         self.calls: dict[int, list[str]] = {}  # index -> [name, arguments]
         self.finish = "unknown"
+        self.finished = False  # a choice gave its finish_reason
         self.model = "unknown"
         self.fingerprint: str | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.had_content = False
-        self.done = False
+        self.done = False  # the stream's `[DONE]` came
+        self.size = 0  # characters of text, tool names and arguments so far
+
+    @property
+    def complete(self) -> bool:
+        """The stream said it was over: `[DONE]`, or a finish_reason."""
+        return self.done or self.finished
 
     def feed(self, data: bytes) -> bytes:
         """One event's data (after `data: `); the data to relay."""
@@ -298,37 +358,45 @@ class StreamAssembler:
             return data
         try:
             obj = decode_json(data)
-        except msgspec.DecodeError:
-            return data
+        except msgspec.DecodeError as e:
+            raise ValueError(f"an event is not JSON ({e}): {_clip(data)}") from e
         if not isinstance(obj, dict):
-            return data
-        self.model = str(obj.get("model") or self.model)
-        if isinstance(obj.get("system_fingerprint"), str):
-            self.fingerprint = obj["system_fingerprint"]
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            self.prompt_tokens = _int(usage.get("prompt_tokens")) or self.prompt_tokens
-            self.completion_tokens = _int(usage.get("completion_tokens")) or self.completion_tokens
+            raise ValueError(f"an event is not a JSON object: {_clip(data)}")
+        if obj.get("error") is not None and not obj.get("choices"):
+            reported = canonical(obj["error"]).encode()
+            raise ValueError(f"the stream reports an error: {_clip(reported, 200)}")
+        try:
+            chunk = msgspec.convert(obj, _Chunk)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"a malformed chunk: {e}") from e
+        if chunk.model:
+            self.model = chunk.model
+        if chunk.system_fingerprint is not None:
+            self.fingerprint = chunk.system_fingerprint
+        if chunk.usage is not None:
+            self.prompt_tokens = _int(chunk.usage.prompt_tokens) or self.prompt_tokens
+            self.completion_tokens = _int(chunk.usage.completion_tokens) or self.completion_tokens
         changed = False
-        for choice in obj.get("choices") or []:
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta") or {}
-            c = delta.get("content")
-            if isinstance(c, str):
-                self.parts.append(c)
+        for choice, raw in zip(chunk.choices or [], obj.get("choices") or [], strict=True):
+            delta = choice.delta or _Delta()
+            if delta.content is not None:
+                self.parts.append(delta.content)
+                self.size += len(delta.content)
                 self.had_content = True
-            for tc in delta.get("tool_calls") or []:
-                i = _int(tc.get("index"))
+            raw_calls = (raw.get("delta") or {}).get("tool_calls") or []
+            for tc, raw_tc in zip(delta.tool_calls or [], raw_calls, strict=True):
+                i = _int(tc.index)
                 slot = self.calls.setdefault(i, ["", ""])
-                fn = tc.get("function") or {}
-                slot[0] += str(fn.get("name") or "")
-                slot[1] += str(fn.get("arguments") or "")
-                if "id" in tc:
-                    tc["id"] = tool_call_id(self.agent, self.ordinal, i)
+                fn = tc.function or _FunctionDelta()
+                slot[0] += fn.name or ""
+                slot[1] += fn.arguments or ""
+                self.size += len(fn.name or "") + len(fn.arguments or "")
+                if "id" in raw_tc:
+                    raw_tc["id"] = tool_call_id(self.agent, self.ordinal, i)
                     changed = True
-            if choice.get("finish_reason"):
-                self.finish = str(choice["finish_reason"])
+            if choice.finish_reason:
+                self.finish = choice.finish_reason
+                self.finished = True
         return _json_enc.encode(obj) if changed else data
 
     def answer(self) -> Answer:

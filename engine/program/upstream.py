@@ -1,0 +1,376 @@
+"""The recording proxy's upstream: the OpenAI-compatible server a program's live calls go to.
+
+An upstream is untrusted input like any model server, so each call holds the promises the
+heist's policy holds (engine.policies.openai_policy):
+
+* `timeout` is a deadline on the WHOLE call - connect, request, status, headers and every read
+  of the body or of the stream - enforced by a watchdog that shuts the socket down when it
+  passes, so a server trickling one byte at a time cannot stretch it;
+* a reply is at most `max_reply_bytes`: a body on the wire and after decompression (a gzip
+  bomb is cut off as it passes the bound); a stream's text and tool calls as assembled, its
+  events (their JSON envelopes included, some 200 bytes a token) at most `STREAM_ENVELOPE`
+  times that, and no single event over the bound;
+* `abort` ends every call in flight at once: a proxy whose program was stopped does not wait on
+  a model that is still thinking.
+
+Every failure is an UpstreamError that names the upstream and says what happened (unreachable,
+dropped the connection, took longer than the timeout, sent too much); the proxy answers the
+program with its HTTP status (502, or 504 for the timeout) and fails the run with its message.
+One connection per proxy thread is kept alive between calls; a call that did not end cleanly
+closes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import math
+import socket
+import threading
+import time
+import urllib.parse
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from engine.errors import ConfigError, EngineError
+from engine.policies.openai_policy import (
+    DEFAULT_MAX_REPLY_BYTES,
+    MAX_REPLY_BYTES_LIMIT,
+    MAX_TIMEOUT_S,
+    MIN_REPLY_BYTES,
+)
+
+DEFAULT_TIMEOUT = 600.0
+#: How many times `max_reply_bytes` a stream's events may take on the wire: each token of a
+#: streamed reply comes wrapped in a JSON chunk of about 200 bytes.
+STREAM_ENVELOPE = 16
+_READ_CHUNK = 16 * 1024
+
+
+class UpstreamError(EngineError):
+    """The upstream server failed a call: a broken, malformed or oversized reply."""
+
+    status = 502
+    kind = "car_upstream_error"
+
+
+class UpstreamUnreachable(UpstreamError):
+    """Nothing answers at the upstream's address."""
+
+    kind = "car_upstream_unreachable"
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream took longer than the timeout for one call."""
+
+    status = 504
+    kind = "car_upstream_timeout"
+
+
+class UpstreamAborted(UpstreamError):
+    """The call was abandoned: the proxy is closing (its program was stopped or is gone)."""
+
+    kind = "car_upstream_aborted"
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror.lower()
+    if isinstance(e, http.client.IncompleteRead):
+        return "the body ended early"
+    return str(e) or type(e).__name__
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already closed by the other side
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class Upstream:
+    """An OpenAI-compatible server: its base URL, one keep-alive connection per thread, and
+    the bounds of every call (`timeout` seconds, `max_reply_bytes`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+    ) -> None:
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise UpstreamError(f"upstream must be an http(s) URL, got {base_url!r}")
+        if isinstance(timeout, bool) or not (
+            isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
+        ):
+            raise ConfigError(f"the upstream timeout must be a positive number, got {timeout!r}")
+        if isinstance(max_reply_bytes, bool) or not (
+            isinstance(max_reply_bytes, int)
+            and MIN_REPLY_BYTES <= max_reply_bytes <= MAX_REPLY_BYTES_LIMIT
+        ):
+            raise ConfigError(
+                f"max_reply_bytes must be an integer between {MIN_REPLY_BYTES} and "
+                f"{MAX_REPLY_BYTES_LIMIT}, got {max_reply_bytes!r}"
+            )
+        self.url = base_url.rstrip("/")
+        self.https = u.scheme == "https"
+        self.host = u.hostname
+        self.port = u.port or (443 if self.https else 80)
+        self.prefix = u.path.rstrip("/")
+        self.timeout = float(min(timeout, MAX_TIMEOUT_S))
+        self.max_reply_bytes = max_reply_bytes
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._inflight: set[Reply] = set()
+        self._aborted = False
+
+    def _conn(self, fresh: bool = False) -> http.client.HTTPConnection:
+        c = getattr(self._local, "conn", None)
+        if c is None or fresh:
+            if c is not None:
+                c.close()
+            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            c = cls(self.host, self.port, timeout=self.timeout)
+            self._local.conn = c
+        return c
+
+    def check(self, timeout: float = 3.0) -> None:
+        """UpstreamUnreachable unless something accepts connections at the upstream's address."""
+        try:
+            socket.create_connection((self.host, self.port), timeout=timeout).close()
+        except OSError as e:
+            raise UpstreamUnreachable(f"upstream {self.url} is unreachable: {_reason(e)}") from e
+
+    def call(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Reply:
+        """Send a request and read the status line and headers, under the call's deadline; the
+        Reply (a context manager: leaving it ends the call) reads the rest. A kept-alive
+        connection the server closed meanwhile is re-opened once."""
+        reply = Reply(self)
+        try:
+            reply.check_cut()  # aborted: the proxy is closing
+            for attempt in (0, 1):
+                c = self._conn(fresh=attempt == 1)
+                reused = c.sock is not None
+                reply.conn = c
+                c.timeout = reply.remaining()
+                try:
+                    if c.sock is not None:
+                        c.sock.settimeout(c.timeout)
+                    c.request(method, self.prefix + path, body=body, headers=headers)
+                    if c.sock is not None:
+                        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    reply.check_cut()  # the deadline passed while connecting
+                    reply.resp = c.getresponse()
+                    return reply
+                except (OSError, http.client.HTTPException) as e:
+                    c.close()
+                    cut = reply._cut_fault(e)
+                    if cut is not None:
+                        raise cut from e
+                    if attempt == 0 and reused:
+                        continue
+                    raise UpstreamUnreachable(
+                        f"upstream {self.url} is unreachable: {_reason(e)}"
+                    ) from e
+            raise AssertionError("unreachable")
+        except BaseException:
+            reply.close()
+            raise
+
+    def abort(self) -> None:
+        """End every call in flight now (each raises UpstreamAborted), and refuse new ones."""
+        with self._lock:
+            self._aborted = True
+            replies = list(self._inflight)
+        for r in replies:
+            r.abort()
+
+
+class Reply:
+    """One upstream call in flight: its response, read under the deadline and the size bound."""
+
+    def __init__(self, up: Upstream) -> None:
+        self.up = up
+        self.conn: http.client.HTTPConnection | None = None
+        self.resp: http.client.HTTPResponse | None = None
+        self.expired = False
+        self.aborted = False
+        self._ended = False
+        self._complete = False  # the whole response was read: the connection can be reused
+        self._lock = threading.Lock()
+        self._deadline = time.monotonic() + up.timeout
+        with up._lock:
+            if up._aborted:
+                self.aborted = True
+            up._inflight.add(self)
+        self._timer = threading.Timer(up.timeout, self._cut, args=("expired",))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def __enter__(self) -> Reply:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def status(self) -> int:
+        assert self.resp is not None
+        return self.resp.status
+
+    def header(self, name: str) -> str | None:
+        assert self.resp is not None
+        return self.resp.getheader(name)
+
+    def remaining(self) -> float:
+        return max(0.001, self._deadline - time.monotonic())
+
+    def abort(self) -> None:
+        self._cut("aborted")
+
+    def _cut(self, why: str) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            setattr(self, why, True)
+            sock = self.conn.sock if self.conn is not None else None
+        _shutdown(sock)
+
+    def _cut_fault(self, e: BaseException | None = None) -> UpstreamError | None:
+        """The error a failed or short read means when the watchdog, an abort or a socket
+        timeout caused it; None otherwise."""
+        url = self.up.url
+        if self.aborted:
+            return UpstreamAborted(f"upstream {url}: the call was abandoned (the proxy closed)")
+        if self.expired or isinstance(e, TimeoutError):
+            return UpstreamTimeout(f"upstream {url} took longer than {self.up.timeout:g} s")
+        return None
+
+    def fault(self, e: BaseException, what: str) -> UpstreamError:
+        """The error a failed read means: a cut (timeout, abort), else `what` went wrong."""
+        return self._cut_fault(e) or UpstreamError(f"upstream {self.up.url} {what}: {_reason(e)}")
+
+    def check_cut(self) -> None:
+        found = self._cut_fault()
+        if found is not None:
+            raise found
+
+    def _too_big(self, limit: int, what: str = "a reply") -> UpstreamError:
+        return UpstreamError(
+            f"upstream {self.up.url} sent {what} larger than the limit of {limit} bytes "
+            "(--max-reply-bytes)"
+        )
+
+    def _pieces(self, limit: int) -> Iterator[bytes]:
+        """The body as it arrives (decompressed), at most `limit` bytes on the wire and after
+        decompression; UpstreamError when it is more, is cut short or takes too long."""
+        resp = self.resp
+        assert resp is not None
+        length = (resp.getheader("Content-Length") or "").strip()
+        if length.isdigit() and int(length) > limit:
+            raise self._too_big(limit, f"a reply of {int(length)} bytes,")
+        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+        inflater: Any = None
+        if encoding in ("gzip", "x-gzip"):
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            inflater = zlib.decompressobj()
+        elif encoding not in ("identity", ""):
+            raise UpstreamError(
+                f"upstream {self.up.url} sent a reply in an unsupported encoding {encoding[:40]!r}"
+            )
+        wire = out = 0
+        while True:
+            try:
+                piece = resp.read1(_READ_CHUNK)
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                raise self.fault(e, "dropped the connection mid-reply") from e
+            if not piece:
+                break
+            wire += len(piece)
+            if wire > limit:
+                raise self._too_big(limit)
+            if inflater is not None:
+                try:
+                    piece = inflater.decompress(piece, limit + 1 - out)
+                except zlib.error as e:
+                    raise UpstreamError(
+                        f"upstream {self.up.url} sent a corrupt {encoding} body: {e}"
+                    ) from e
+                if inflater.unconsumed_tail:
+                    raise self._too_big(limit)
+            out += len(piece)
+            if out > limit:
+                raise self._too_big(limit)
+            if piece:
+                yield piece
+        # a watchdog or an abort that shut the socket reads as an early end of the body
+        self.check_cut()
+        if resp.length:
+            raise UpstreamError(
+                f"upstream {self.up.url} closed the connection mid-reply "
+                f"({wire} bytes read, {resp.length} more announced)"
+            )
+        if inflater is not None:
+            try:
+                rest = inflater.flush()
+            except zlib.error as e:
+                raise UpstreamError(
+                    f"upstream {self.up.url} sent a corrupt {encoding} body: {e}"
+                ) from e
+            if not inflater.eof:
+                raise UpstreamError(f"upstream {self.up.url} sent a truncated {encoding} body")
+            if out + len(rest) > limit:
+                raise self._too_big(limit)
+            if rest:
+                yield rest
+        resp.close()  # the body is read: the connection is free for the thread's next call
+        self._complete = True
+
+    def body(self) -> bytes:
+        """The whole body (decompressed), bounded by `max_reply_bytes`."""
+        return b"".join(self._pieces(self.up.max_reply_bytes))
+
+    def events(self) -> Iterator[bytes]:
+        """The data of each server-sent event, as it arrives: all of them at most
+        STREAM_ENVELOPE times `max_reply_bytes`, none over `max_reply_bytes`."""
+        limit = self.up.max_reply_bytes
+        buf = bytearray()
+        data: list[bytes] = []
+        size = 0
+        for piece in self._pieces(limit * STREAM_ENVELOPE):
+            buf += piece
+            while (i := buf.find(b"\n")) >= 0:
+                line = bytes(buf[:i]).rstrip(b"\r")
+                del buf[: i + 1]
+                if not line:
+                    if data:
+                        yield b"\n".join(data)
+                        data, size = [], 0
+                    continue
+                if line.startswith(b"data:"):
+                    d = line[5:]
+                    data.append(d[1:] if d.startswith(b" ") else d)
+                    size += len(d)
+                    if size > limit:
+                        raise self._too_big(limit, "a stream event")
+            if len(buf) > limit:
+                raise self._too_big(limit, "a stream event")
+        line = bytes(buf).rstrip(b"\r")
+        if line.startswith(b"data:"):
+            d = line[5:]
+            data.append(d[1:] if d.startswith(b" ") else d)
+        if data:
+            yield b"\n".join(data)
+
+    def close(self) -> None:
+        """End the call: the watchdog stopped, the connection closed unless the whole
+        response was read (what is left of it would be read as the next call's answer)."""
+        with self._lock:
+            self._ended = True
+        self._timer.cancel()
+        with self.up._lock:
+            self.up._inflight.discard(self)
+        if self.conn is not None and not (self._complete and not self.expired):
+            self.conn.close()
