@@ -37,6 +37,10 @@ class ExecutorOptions(msgspec.Struct, frozen=True):
     kind: str = "local"
     address: str | None = None
     workers: int | None = None
+    #: local: whether forward runs may go to forked worker processes. A process with threads
+    #: of its own (the server) says no: a fork copies every lock another thread holds at that
+    #: moment, held for good in the child; its forward runs then run in threads.
+    processes: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in EXECUTORS:
@@ -137,6 +141,8 @@ def make_executor(
     if options is None or options.kind == "local":
         from engine.executors.local import LocalExecutor
 
+        if mode == "processes" and options is not None and not options.processes:
+            mode = "threads"
         return LocalExecutor(mode, concurrency, parent)
     from engine.executors.ray import RayExecutor
 

@@ -39,6 +39,7 @@ MAX_TEXT_CHARS = 1000
 _FIELDS = ("name", "role", "goal", "tools")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 _STR = "tag:yaml.org,2002:str"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _CORE_TAGS = frozenset({"str", "int", "float", "bool", "null", "seq", "map", "timestamp"})
 
 
@@ -107,6 +108,10 @@ def parse_agents_config(text: str, source: str = "<string>") -> HeistConfig:
     except yaml.YAMLError as e:
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"{source}: invalid YAML: {detail}") from e
+    except RecursionError as e:
+        # PyYAML's scanner and composer recurse once per level of `[[[...]]]`; a crew is two
+        # levels deep, so this is never a crew
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from e
     return _Validator(source).config(root)
 
 
@@ -210,6 +215,15 @@ class _Validator:
         value = str(node.value).strip()
         if not value:
             raise self.error(node, f"{what}: field {field!r} must not be empty")
+        bad = _SURROGATE.search(value)
+        if bad is not None:
+            # a YAML escape such as "\ud800" yields a lone surrogate: no UTF-8 text can hold
+            # it, so the journal could never record this crew
+            raise self.error(
+                node,
+                f"{what}: field {field!r} is not valid Unicode text (a lone surrogate "
+                f"{bad.group()!r} at character {bad.start()})",
+            )
         if len(value) > MAX_TEXT_CHARS:
             raise self.error(
                 node, f"{what}: field {field!r} is longer than {MAX_TEXT_CHARS} characters"

@@ -25,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
-from collections.abc import AsyncIterator
+import re
+import sqlite3
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
@@ -36,11 +39,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import ConfigError, EngineError, InterventionError, UnknownRun
+from engine.executors.base import ExecutorOptions
 from engine.journal import Journal
+from engine.logging import get_logger
 from engine.server import views
 from engine.server.runner import HeistRunner, NotControllable, TooManyHeists
 from engine.server.stream import LIVE_STATUSES, NotifyingJournal, StreamHub
@@ -50,6 +56,14 @@ STATIC = resources.files("engine.server") / "static"
 DETECT_METHODS = ("rules", "llm", "rules+llm", "causal", "replay")
 FORK_OPS = ("resample", "action", "observation", "context", "policy")
 MAX_BRANCHES = 200
+#: the journal's seqs are SQLite / PostgreSQL 64-bit integers
+MAX_SEQ = 2**63 - 1
+#: forward runs of fork and attribution run in threads here, never in forked processes: a
+#: fork of this many-threaded process would copy whatever lock another thread holds
+THREADS_ONLY = ExecutorOptions(processes=False)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+log = get_logger("car.server")
 
 
 @dataclass
@@ -70,6 +84,31 @@ class ApiError(Exception):
         self.extra = extra
 
 
+def _renderable(value: Any) -> Any:
+    """`value` as JSON can always carry it: a client's input echoed in an error may hold what
+    JSON text cannot (NaN, Infinity, a lone surrogate), shown then as its Python repr."""
+    if isinstance(value, dict):
+        return {_renderable(str(k)): _renderable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_renderable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return _renderable(str(value))
+
+
+def error_response(
+    status: int, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    """Every error of the API: `{"error": "...", ...}`."""
+    return JSONResponse(
+        _renderable({"error": message, **extra}), status_code=status, headers=headers
+    )
+
+
 def _not_found(session_id: str) -> ApiError:
     return ApiError(404, f"unknown session {session_id!r}", session_id=session_id)
 
@@ -79,6 +118,31 @@ def _not_found(session_id: str) -> ApiError:
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _unicode(cls, value: Any) -> Any:
+        # a JSON escape such as "\ud800" decodes to a lone surrogate, which no UTF-8 text
+        # (and so no journal event) can hold: a bad body, refused before anything is done
+        _check_unicode(value)
+        return value
+
+
+def _check_unicode(value: Any) -> None:
+    if isinstance(value, str):
+        bad = _SURROGATE.search(value)
+        if bad is not None:
+            raise ValueError(
+                f"not valid Unicode text (a lone surrogate {bad.group()!r} at character "
+                f"{bad.start()})"
+            )
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_unicode(k)
+            _check_unicode(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_unicode(v)
 
 
 class DetectRequest(_Body):
@@ -100,7 +164,11 @@ class QuickStart(_Body):
     base_url: str | None = Field(default=None, description="policy openai: the server's URL.")
     model: str | None = Field(default=None, description="policy openai: the model name.")
     step_delay: float | None = Field(
-        default=None, ge=0.0, le=10.0, description="Seconds between steps (default: the server's)."
+        default=None,
+        ge=0.0,
+        le=10.0,
+        allow_inf_nan=False,
+        description="Seconds between steps (default: the server's).",
     )
 
 
@@ -130,7 +198,7 @@ class AttributionRequest(_Body):
     budget: int = Field(default=2000, ge=1, le=20000)
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     concurrency: int = Field(default=1, ge=1, le=16)
-    half_width: float = Field(default=0.1, gt=0.0, lt=0.5)
+    half_width: float = Field(default=0.1, gt=0.0, lt=0.5, allow_inf_nan=False)
     # like `car attribute --all-steps`: by default the scan stops at the point of commitment
     all_steps: bool = False
 
@@ -170,7 +238,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, **exc.extra}, status_code=exc.status)
+        return error_response(exc.status, exc.message, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -178,9 +246,35 @@ def create_app(settings: ServerSettings) -> FastAPI:
         first = errors[0] if errors else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         msg = f"bad request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
-        return JSONResponse(
-            {"error": msg, "detail": json.loads(json.dumps(errors, default=str))},
-            status_code=422,
+        return error_response(422, msg, detail=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = exc.status_code
+        path = req.url.path
+        if status == 400 and "parsing the body" in str(exc.detail):
+            # a body the JSON parser gave up on (e.g. nested 100,000 deep) is a bad body
+            return error_response(422, "bad request: the body cannot be parsed as JSON")
+        if status == 404:
+            message = f"not found: {path}"
+        elif status == 405:
+            message = f"method {req.method} is not allowed on {path}"
+        else:
+            message = str(exc.detail)
+        return error_response(status, message, headers=exc.headers)
+
+    @app.exception_handler(sqlite3.OperationalError)
+    async def _journal_busy(_req: Request, exc: sqlite3.OperationalError) -> JSONResponse:
+        # another process holds the journal's write lock for longer than the busy timeout
+        log.error("journal error", error=str(exc))
+        return error_response(503, f"the journal is busy ({exc}); try again", retry=True)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        # logged with its traceback by the server; the client gets JSON, and only the kind
+        # of error: its text could quote anything the engine holds, secrets included
+        return error_response(
+            500, f"internal error ({type(exc).__name__}); the server's log has the details"
         )
 
     def resolve(session_id: str) -> str:
@@ -206,6 +300,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             "version": engine_version(),
             "journal": journal.url if journal.path is None else str(journal.path),
             "recording": runner.active(),
+            "starting": runner.starting(),
             "max_heists": runner.max_heists,
         }
 
@@ -292,9 +387,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 server=spec.get("base_url"),
             )
         except TooManyHeists as e:
-            raise ApiError(429, str(e), recording=runner.active()) from e
+            raise ApiError(
+                429, str(e), recording=runner.active(), starting=runner.starting()
+            ) from e
         except ConfigError as e:
             raise ApiError(422, str(e)) from e
+        except EngineError as e:
+            # the runner closed whatever run it had created: nothing is left `recording`
+            raise ApiError(500, f"the heist could not start: {e}") from e
         return {
             "session_id": run_id,
             "status": journal.status(run_id),
@@ -320,7 +420,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
         session_id: str,
         last_event_id: str | None = Header(None, alias="Last-Event-ID"),
         after: int | None = Query(
-            None, ge=-1, description="Resume after this seq (when no Last-Event-ID header)."
+            None,
+            ge=-1,
+            le=MAX_SEQ,
+            description="Resume after this seq (when no Last-Event-ID header).",
         ),
     ) -> EventSourceResponse:
         """Server-Sent Events: each public event with `id` = its journal seq; a reconnect with
@@ -334,10 +437,17 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 raise ApiError(
                     422, f"Last-Event-ID must be a journal seq (an integer), got {last_event_id!r}"
                 ) from None
+            if not -1 <= start <= MAX_SEQ:
+                raise ApiError(
+                    422, f"Last-Event-ID must lie within -1..{MAX_SEQ}, got {last_event_id!r}"
+                )
+        # no journal holds 2**62 events: nothing follows such a seq either, and the reads
+        # stay clear of the 64-bit bound
+        read_after = min(start, 2**62)
 
         async def gen() -> AsyncIterator[bytes | dict[str, Any]]:
             last = start
-            async for seq, chunk in hub.frames(run_id, start):
+            async for seq, chunk in hub.frames(run_id, read_after):
                 last = seq
                 yield chunk  # ready-made SSE frames, sent as they are
             status = await asyncio.to_thread(journal.status, run_id)
@@ -429,7 +539,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
         try:
             iv = parse_intervention(body.do, body.at, text)
             report = fork_branches(
-                journal, run_id, iv, body.n, seed=body.seed, rerun=Rerun(body.concurrency)
+                journal,
+                run_id,
+                iv,
+                body.n,
+                seed=body.seed,
+                rerun=Rerun(body.concurrency, executor=THREADS_ONLY),
             )
         except (InterventionError, ConfigError) as e:
             raise ApiError(422, str(e), session_id=run_id) from e
@@ -457,7 +572,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 seed=body.seed,
                 half_width=body.half_width,
                 all_steps=body.all_steps,
-                rerun=Rerun(body.concurrency),
+                rerun=Rerun(body.concurrency, executor=THREADS_ONLY),
             )
         except (ConfigError, InterventionError) as e:
             raise ApiError(422, str(e), session_id=run_id) from e

@@ -9,6 +9,8 @@ test) can watch a heist that would otherwise finish in milliseconds.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +42,8 @@ class LiveHeist:
     run_id: str
     control: ControlChannel
     step_delay: float
+    #: aborted at shutdown, when it can be (an LLM call in flight would hold the run open)
+    policy: Policy | None = None
     thread: threading.Thread | None = None
     # what the user asked for last; the journal shows when it took effect
     paused: bool = False
@@ -59,10 +63,24 @@ class HeistRunner:
         self.max_heists = max_heists
         self._lock = threading.Lock()
         self._live: dict[str, LiveHeist] = {}
+        # heists whose run does not exist yet, by an opaque ticket: nothing of a heist's seed
+        # may name it anywhere a client could read (the mole is drawn from the seed)
+        self._starting: dict[int, LiveHeist] = {}
+        self._tickets = itertools.count(1)
 
     def active(self) -> list[str]:
+        """Run ids of the heists recording here (a heist still creating its run is counted
+        by `starting`, never listed: it has no id a client could use)."""
         with self._lock:
             return [r for r, h in self._live.items() if not h.done.is_set()]
+
+    def starting(self) -> int:
+        with self._lock:
+            return sum(1 for h in self._starting.values() if not h.done.is_set())
+
+    def _busy(self) -> int:
+        live = sum(1 for h in self._live.values() if not h.done.is_set())
+        return live + sum(1 for h in self._starting.values() if not h.done.is_set())
 
     def get(self, run_id: str) -> LiveHeist | None:
         with self._lock:
@@ -82,16 +100,16 @@ class HeistRunner:
         """Create the run and start recording it; returns its run id once RunStarted is in
         the journal. TooManyHeists when `max_heists` heists are recording already."""
         with self._lock:
-            busy = sum(1 for h in self._live.values() if not h.done.is_set())
+            busy = self._busy()
             if busy >= self.max_heists:
                 raise TooManyHeists(
                     f"{busy} heists are recording already (the server's limit is "
                     f"{self.max_heists}); stop one or wait until one ends"
                 )
             # the slot is taken before the thread starts, so two quick starts cannot both pass
-            placeholder = f"pending-{id(policy)}-{seed}"
-            pending = LiveHeist(placeholder, ControlChannel(), step_delay)
-            self._live[placeholder] = pending
+            ticket = next(self._tickets)
+            pending = LiveHeist("", ControlChannel(), step_delay, policy=policy)
+            self._starting[ticket] = pending
         created = threading.Event()
         box: dict[str, Any] = {}
 
@@ -104,39 +122,43 @@ class HeistRunner:
         def label_run(run_id: str) -> None:
             box["run_id"] = run_id
             with self._lock:
-                self._live.pop(placeholder, None)
+                self._starting.pop(ticket, None)
                 pending.run_id = run_id
                 self._live[run_id] = pending
             created.set()
 
         def work() -> None:
+            made: list[str] = []
             try:
-                record_heist(
-                    self.journal,
-                    policy,
-                    seed=seed,
-                    rounds=rounds,
-                    config=config,
-                    control=pending.control,
-                    on_step=on_step,
-                    server=server,
-                    # a live viewer waits for every step; at most a few steps a second here
-                    group_ms=0.0,
-                    on_created=label_run,
-                )
+                with self._watch_creations(made):
+                    record_heist(
+                        self.journal,
+                        policy,
+                        seed=seed,
+                        rounds=rounds,
+                        config=config,
+                        control=pending.control,
+                        on_step=on_step,
+                        server=server,
+                        # a live viewer waits for every step; at most a few steps a second here
+                        group_ms=0.0,
+                        on_created=label_run,
+                    )
             except Exception as e:
                 pending.error = str(e)
                 box["error"] = e
                 log.error("heist failed", error=str(e))
-                if "run_id" in box:
-                    self._close_failed(str(box["run_id"]), str(e))
+                # the run may exist without its opening events (they could not be journaled):
+                # it is closed all the same, never left `recording` with nobody writing it
+                for run_id in made or ([str(box["run_id"])] if "run_id" in box else []):
+                    self._close_failed(run_id, str(e))
             finally:
                 pending.done.set()
                 created.set()
                 with self._lock:
-                    self._live.pop(placeholder, None)
+                    self._starting.pop(ticket, None)
 
-        t = threading.Thread(target=work, name=f"heist-{seed}", daemon=True)
+        t = threading.Thread(target=work, name=f"heist-{ticket}", daemon=True)
         pending.thread = t
         t.start()
         created.wait()
@@ -146,6 +168,12 @@ class HeistRunner:
                 raise err
             raise EngineError(f"the heist could not start: {err}")
         return str(box["run_id"])
+
+    def _watch_creations(self, made: list[str]) -> contextlib.AbstractContextManager[object]:
+        """Collect the ids of the runs this thread creates meanwhile, where the journal can
+        tell (the server's NotifyingJournal)."""
+        watch = getattr(self.journal, "creations", None)
+        return watch(made) if callable(watch) else contextlib.nullcontext()
 
     def _close_failed(self, run_id: str, error: str) -> None:
         """A run whose loop died of an unexpected error is closed as failed, never left
@@ -184,11 +212,21 @@ class HeistRunner:
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop every heist still recording and wait for each to close its run."""
         with self._lock:
-            live = [h for h in self._live.values() if not h.done.is_set()]
+            live = [
+                h for h in (*self._live.values(), *self._starting.values()) if not h.done.is_set()
+            ]
         for h in live:
             h.stopping = True
             h.control.request("stop", "server shutdown")
             h.wake.set()
+            # a call to a model server in flight would hold the run until it answers (or
+            # times out): abort it, so that the run is closed as stopped at once
+            cancel = getattr(h.policy, "cancel", None)
+            if callable(cancel):
+                try:
+                    cancel()
+                except Exception as e:
+                    log.error("could not cancel a policy", run_id=h.run_id, error=str(e))
         for h in live:
             if h.thread is not None:
                 h.thread.join(timeout)

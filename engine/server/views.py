@@ -102,8 +102,9 @@ def session_summary(journal: Journal, info: RunInfo) -> dict[str, Any]:
 
 
 def list_sessions(journal: Journal, limit: int, offset: int) -> dict[str, Any]:
-    """Root runs (heists), newest first, one page."""
-    roots = [r for r in journal.runs() if r.parent_run_id is None]
+    """Root runs of heists, newest first, one page (the journal holds other runs too: the
+    detector's journaled LLM calls, recorded programs)."""
+    roots = [r for r in journal.runs() if r.parent_run_id is None and r.scenario == "heist"]
     roots.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
     page = roots[offset : offset + limit]
     return {
