@@ -219,6 +219,10 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
 def encode_checked(event: Event) -> bytes:
     """`encode`, refusing an event that would not read back: its bytes must decode to an event
     whose encoding is the same bytes (a field of the wrong type, an int msgpack cannot hold, a
@@ -229,13 +233,17 @@ def encode_checked(event: Event) -> bytes:
     try:
         payload = _encoder.encode(event)
     except (OverflowError, TypeError, ValueError) as e:
-        raise JournalError(f"refusing to journal a {kind} event: {e}") from e
+        raise JournalError(f"refusing to journal {_article(kind)} {kind} event: {e}") from e
     try:
         back = _decoder.decode(payload)
     except msgspec.DecodeError as e:
-        raise JournalError(f"refusing to journal a {kind} event that would not decode: {e}") from e
+        raise JournalError(
+            f"refusing to journal {_article(kind)} {kind} event that would not decode: {e}"
+        ) from e
     if _encoder.encode(back) != payload:
-        raise JournalError(f"refusing to journal a {kind} event that does not read back as stored")
+        raise JournalError(
+            f"refusing to journal {_article(kind)} {kind} event that does not read back as stored"
+        )
     return payload
 
 

@@ -24,6 +24,7 @@ from engine.errors import (
     ConfigError,
     EngineError,
     InterventionError,
+    JournalError,
     PolicyError,
     interrupt_behind,
 )
@@ -351,6 +352,15 @@ def validate(parent: ParentInfo, iv: Intervention) -> None:
             policy_for(iv.policy)
         except ConfigError as e:
             raise InterventionError(str(e)) from e
+    try:
+        # before any branch exists: a value the journal refuses (text that is no Unicode, a
+        # number past 64 bits) left each branch forked, without its opening event, abandoned
+        ev.encode_checked(
+            ev.Intervention(step=iv.k, op=op_name(iv), at=iv.k, value=iv_value(iv), branch_seed=0)
+        )
+    except JournalError as e:
+        cause = e.__cause__ if e.__cause__ is not None else e
+        raise InterventionError(f"do_{op_name(iv)}'s value cannot be journaled: {cause}") from e
 
 
 class BranchBase(msgspec.Struct, frozen=True):
@@ -736,7 +746,13 @@ class BranchRunner:
         self.executor: Executor = make_executor(
             executor, journal, parent, concurrency=concurrency, mode=mode
         )
-        self.mode = mode if self.executor.name == "local" else self.executor.name
+        # what the executor chose: a local one may run threads where processes were asked
+        # for (ExecutorOptions.processes, the server)
+        self.mode = (
+            str(getattr(self.executor, "mode", mode))
+            if self.executor.name == "local"
+            else self.executor.name
+        )
 
     @property
     def _procs(self) -> WorkerPool | None:

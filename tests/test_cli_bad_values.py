@@ -185,6 +185,14 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "do not apply to policy sim",
     ),
     ("runs -n -1", ["runs", "-n", "-1"], 2, "-n"),
+    # a value the journal refuses (bytes that are no UTF-8 arrive as lone surrogates): each
+    # branch was forked, then left abandoned without its opening event
+    (
+        "fork --value not UTF-8",
+        [*FORK, "--do", "action", "--value", "bad \udcff value"],
+        1,
+        "do_action's value cannot be journaled",
+    ),
     # heist flags: refused before the run exists (a seed RunStarted cannot hold left an
     # empty run behind, abandoned; a misspelt agent or strategy exited 1 after loading)
     ("heist --seed 10**26", ["heist", "--seed", str(10**26)], 2, "'--seed'"),

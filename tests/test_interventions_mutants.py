@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import InterventionError
+from engine.executors.base import ExecutorOptions
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.interventions import (
@@ -330,6 +331,10 @@ def test_runner_mode_by_policy_and_concurrency(recorded: tuple[Journal, str]) ->
         assert r.mode == "threads"
     with BranchRunner(j, parent, all_bases=False, concurrency=2) as r:
         assert r.mode == "processes"
+    # a process with threads of its own (the server) never forks: the mode says what runs
+    no_fork = ExecutorOptions(processes=False)
+    with BranchRunner(j, parent, all_bases=False, concurrency=2, executor=no_fork) as r:
+        assert r.mode == "threads"
 
 
 def test_utc_now_is_timezone_aware() -> None:
