@@ -244,16 +244,16 @@ def _number(value: Any) -> tuple[float | None, str | None]:
     try:
         x = float(value)  # an int past a float's range (1 followed by 400 zeros) overflows
     except OverflowError:
-        return None, f"out-of-range value {_clip(str(value), 40)!r}"
+        return None, f"out-of-range value {_clip(repr(value), 40)}"
     if not math.isfinite(x):
         return None, f"non-numeric value {_clip(str(value), 40)!r}"
     if percent or 1.0 < x <= 100.0:
         if 0.0 <= x <= 100.0:
             return x / 100.0, f"read {value!r} as a percentage"
-        return None, f"out-of-range value {_clip(str(value), 40)!r}"
+        return None, f"out-of-range value {_clip(repr(value), 40)}"
     if 0.0 <= x <= 1.0:
         return x, None
-    return None, f"out-of-range value {_clip(str(value), 40)!r}"
+    return None, f"out-of-range value {_clip(repr(value), 40)}"
 
 
 def parse_scores(raw: str, agents: Sequence[str]) -> Parsed:
