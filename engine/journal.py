@@ -609,18 +609,11 @@ class Journal:
                 row = cur.execute(sql).fetchone()
                 if row is not None:
                     return f"the {column} cell of event {row[1]} of run {row[0]!r}"
-            elif column == "body":
-                row = cur.execute(
-                    "SELECT hash FROM texts WHERE typeof(body) != 'blob' LIMIT 1"
-                ).fetchone()
+            elif column in _RETYPED_CELLS:
+                sql, name = _RETYPED_CELLS[column]
+                row = cur.execute(sql).fetchone()
                 if row is not None:
-                    return f"the body cell of text {row[0]}"
-            elif column == "state":
-                row = cur.execute(
-                    "SELECT run_id, seq FROM snapshots WHERE typeof(state) != 'blob' LIMIT 1"
-                ).fetchone()
-                if row is not None:
-                    return f"the state cell of run {row[0]!r}'s snapshot at seq {row[1]}"
+                    return name.format(*row)
             return None
         finally:
             cur.close()
@@ -1830,6 +1823,17 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+# the first cell of a texts or snapshots bytes column that is not bytes, and how it is named
+_RETYPED_CELLS = {
+    "body": (
+        "SELECT hash, NULL FROM texts WHERE typeof(body) != 'blob' LIMIT 1",
+        "the body cell of text {0}",
+    ),
+    "state": (
+        "SELECT run_id, seq FROM snapshots WHERE typeof(state) != 'blob' LIMIT 1",
+        "the state cell of run {0!r}'s snapshot at seq {1}",
+    ),
+}
 # Python's sqlite3 when a TEXT cell (where bytes belong) is not UTF-8
 _UNDECODABLE = re.compile(r"^Could not decode to UTF-8 column '(\w+)'")
 

@@ -89,6 +89,20 @@ def _wait_healthy(url: str) -> None:
     raise RuntimeError(f"{url} never became healthy")
 
 
+def start(client: httpx.Client, **body: Any) -> str:
+    """Quick-start a heist through the API (202); its session id."""
+    r = client.post("/api/sessions", json=body)
+    assert r.status_code == 202, r.text
+    return str(r.json()["session_id"])
+
+
+def finished_heist(client: httpx.Client) -> str:
+    """The seed-7 heist (its plan fails) recorded through the API at full speed, to its end."""
+    sid = start(client, seed=7, step_delay=0)
+    wait_status(client, sid, {"completed"})
+    return sid
+
+
 def wait_status(client: httpx.Client, sid: str, want: set[str], timeout: float = 60) -> dict:
     """Poll a session until its status is one of `want`; its detail then."""
     deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import Server, car_serve, sse_events, wait_status
+from server_helpers import Server, car_serve, finished_heist, sse_events, start, wait_status
 
 from engine import events as ev
 from engine.journal import Journal
@@ -30,18 +30,10 @@ def client(server: Server) -> Iterator[httpx.Client]:
         yield c
 
 
-def start(client: httpx.Client, **body: Any) -> str:
-    r = client.post("/api/sessions", json=body)
-    assert r.status_code == 202, r.text
-    return str(r.json()["session_id"])
-
-
 @pytest.fixture(scope="module")
 def finished(client: httpx.Client) -> str:
     """A completed heist (seed 7: the plan fails) recorded through the API."""
-    sid = start(client, seed=7, step_delay=0)
-    wait_status(client, sid, {"completed"})
-    return sid
+    return finished_heist(client)
 
 
 def secret_of(server: Server, sid: str) -> ev.MoleAssigned:

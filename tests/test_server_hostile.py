@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import CAR, Server, car_serve, wait_status
+from server_helpers import CAR, Server, car_serve, finished_heist, start, wait_status
 from servers import FaultyLLMServer, free_port
 
 from engine import events as ev
@@ -49,18 +49,10 @@ def client(server: Server) -> Iterator[httpx.Client]:
         yield c
 
 
-def start(client: httpx.Client, **body: Any) -> str:
-    r = client.post("/api/sessions", json=body)
-    assert r.status_code == 202, r.text
-    return str(r.json()["session_id"])
-
-
 @pytest.fixture(scope="module")
 def finished(client: httpx.Client) -> str:
     """A completed, failed, unaccused heist (seed 7)."""
-    sid = start(client, seed=7, step_delay=0)
-    wait_status(client, sid, {"completed"})
-    return sid
+    return finished_heist(client)
 
 
 def wait_idle(client: httpx.Client, timeout: float = 60) -> None:

@@ -277,15 +277,12 @@ class OpenAIPolicy:
                 retry=False,
             )
         encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
-        inflater: Any = None
-        if encoding in ("gzip", "x-gzip"):
-            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            inflater = zlib.decompressobj()
-        elif encoding not in ("identity", ""):
+        try:
+            inflater = reply_inflater(encoding)
+        except ValueError:
             raise _Fault(
                 f"sent a reply in an unsupported encoding {_clip(encoding)!r}", retry=False
-            )
+            ) from None
         out = bytearray()
         wire = 0
         while True:
@@ -349,6 +346,18 @@ class OpenAIPolicy:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def reply_inflater(encoding: str) -> Any:
+    """A decompressor for a reply's Content-Encoding (lower case), None for none; ValueError
+    for an encoding no reply here may use (the request asks for gzip or deflate only)."""
+    if encoding in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        return zlib.decompressobj()
+    if encoding in ("identity", ""):
+        return None
+    raise ValueError(encoding)
 
 
 def _bounded_float(

@@ -31,7 +31,6 @@ import time
 import urllib.parse
 import zlib
 from collections.abc import Iterator
-from typing import Any
 
 from engine.errors import ConfigError, EngineError
 from engine.policies.openai_policy import (
@@ -39,6 +38,7 @@ from engine.policies.openai_policy import (
     MAX_REPLY_BYTES_LIMIT,
     MAX_TIMEOUT_S,
     MIN_REPLY_BYTES,
+    reply_inflater,
 )
 
 DEFAULT_TIMEOUT = 600.0
@@ -271,15 +271,12 @@ class Reply:
         if length.isdigit() and int(length) > limit:
             raise self._too_big(limit, f"a reply of {int(length)} bytes,")
         encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
-        inflater: Any = None
-        if encoding in ("gzip", "x-gzip"):
-            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            inflater = zlib.decompressobj()
-        elif encoding not in ("identity", ""):
+        try:
+            inflater = reply_inflater(encoding)
+        except ValueError:
             raise UpstreamError(
                 f"upstream {self.up.url} sent a reply in an unsupported encoding {encoding[:40]!r}"
-            )
+            ) from None
         wire = out = 0
         while True:
             try:
