@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from freezegun import freeze_time
 from journal_helpers import ROOT, car
 
 from engine import events as ev
-from engine.errors import ConfigError
+from engine.errors import ConfigError, JournalError
 from engine.heist.session import accuse_run, record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
@@ -259,6 +260,29 @@ def test_a_drawn_seed_is_not_printed(tmp_path: Path) -> None:
     assert f"seed={seeds[data['run_id']]}" in revealed
     given = car(j, "heist", "-q", "--seed", "5", "--rounds", "1")
     assert "(completed, 6 steps, seed 5)" in given.stdout
+
+
+@pytest.mark.parametrize("on_created", [None, lambda run_id: None])
+def test_an_opening_the_journal_refuses_closes_the_run_failed(
+    tmp_path: Path, on_created: Callable[[str], None] | None
+) -> None:
+    """A crew built without the loader whose text no event can hold (a lone surrogate):
+    record_run raises, and the run it created is closed failed, not left `recording`
+    (with or without a live viewer's first flush)."""
+    from engine.heist.config import AgentSpec, HeistConfig
+
+    crew = HeistConfig(
+        agents=(
+            AgentSpec(name="boss", role="\ud800x", goal="Plan", tools=("calculator",)),
+            AgentSpec(name="eye", role="Lookout", goal="Watch", tools=("file_reader",)),
+        ),
+        source="crafted",
+    )
+    with Journal(tmp_path / "j.db") as j:
+        with pytest.raises(JournalError, match="surrogates not allowed"):
+            record_heist(j, SimPolicy(), seed=3, rounds=1, config=crew, on_created=on_created)
+        (run,) = j.runs()
+        assert j.status(run.run_id) == "failed"
 
 
 @pytest.mark.parametrize("seed", [-1, 2**63, 2**64, 10**26])

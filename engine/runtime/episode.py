@@ -80,7 +80,7 @@ def run_episode(
         recorder.flush()
         return result
     except BaseException as e:
-        _close_after(recorder, e)
+        close_after(recorder, e)
         raise
     finally:
         unbind("run_id", "step")
@@ -150,7 +150,7 @@ def _stopped(recorder: Recorder, k: int) -> EpisodeResult:
     return EpisodeResult(recorder.run_id, "stopped", k, {}, state=recorder.state)
 
 
-def _close_after(recorder: Recorder, exc: BaseException) -> None:
+def close_after(recorder: Recorder, exc: BaseException) -> None:
     """Close the run after an unexpected exception (a bug, Ctrl-C at a bad moment, a journal
     fault), so no run stays `recording` behind a process that gave up on it. The pending group
     is kept if it commits; if it cannot (it may be what failed), only the closing is written."""

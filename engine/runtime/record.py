@@ -13,7 +13,7 @@ from engine.policies.base import Policy
 from engine.policies.registry import policy_spec
 from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
-from engine.runtime.episode import EpisodeResult, StepCallback, run_episode
+from engine.runtime.episode import EpisodeResult, StepCallback, close_after, run_episode
 from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
 from engine.runtime.seeds import step_seed
 from engine.scenario import SteppedScenario
@@ -81,9 +81,16 @@ def record_run(
         scenario, policy, seed, clk.now_iso(), rounds=rounds, context_window=context_window
     )
     recorder = Recorder(journal, run_id, State(), 0, group_ms=group_ms)
-    recorder.append([first, *opening])
+    try:
+        recorder.append([first, *opening])
+        if on_created is not None:
+            recorder.flush()
+    except BaseException as e:
+        # an opening the journal refuses: the run exists, so it is closed as run_episode
+        # closes one, never left `recording` with nobody writing it
+        close_after(recorder, e)
+        raise
     if on_created is not None:
-        recorder.flush()
         on_created(run_id)
     return run_episode(
         recorder,

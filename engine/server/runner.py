@@ -9,7 +9,6 @@ test) can watch a heist that would otherwise finish in milliseconds.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -128,30 +127,26 @@ class HeistRunner:
             created.set()
 
         def work() -> None:
-            made: list[str] = []
             try:
-                with self._watch_creations(made):
-                    record_heist(
-                        self.journal,
-                        policy,
-                        seed=seed,
-                        rounds=rounds,
-                        config=config,
-                        control=pending.control,
-                        on_step=on_step,
-                        server=server,
-                        # a live viewer waits for every step; at most a few steps a second here
-                        group_ms=0.0,
-                        on_created=label_run,
-                    )
+                record_heist(
+                    self.journal,
+                    policy,
+                    seed=seed,
+                    rounds=rounds,
+                    config=config,
+                    control=pending.control,
+                    on_step=on_step,
+                    server=server,
+                    # a live viewer waits for every step; at most a few steps a second here
+                    group_ms=0.0,
+                    on_created=label_run,
+                )
             except Exception as e:
                 pending.error = str(e)
                 box["error"] = e
                 log.error("heist failed", error=str(e))
-                # the run may exist without its opening events (they could not be journaled):
-                # it is closed all the same, never left `recording` with nobody writing it
-                for run_id in made or ([str(box["run_id"])] if "run_id" in box else []):
-                    self._close_failed(run_id, str(e))
+                if "run_id" in box:
+                    self._close_failed(str(box["run_id"]), str(e))
             finally:
                 pending.done.set()
                 created.set()
@@ -168,12 +163,6 @@ class HeistRunner:
                 raise err
             raise EngineError(f"the heist could not start: {err}")
         return str(box["run_id"])
-
-    def _watch_creations(self, made: list[str]) -> contextlib.AbstractContextManager[object]:
-        """Collect the ids of the runs this thread creates meanwhile, where the journal can
-        tell (the server's NotifyingJournal)."""
-        watch = getattr(self.journal, "creations", None)
-        return watch(made) if callable(watch) else contextlib.nullcontext()
 
     def _close_failed(self, run_id: str, error: str) -> None:
         """A run whose loop died of an unexpected error is closed as failed, never left

@@ -17,7 +17,7 @@ import bisect
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from engine import events as ev
@@ -32,32 +32,12 @@ LIVE_STATUSES = frozenset({"recording", "paused"})
 
 
 class NotifyingJournal(Journal):
-    """A journal that tells listeners which run it appended to, after the commit; and a thread
-    that asks (`creations`) which runs it created."""
+    """A journal that tells listeners which run it appended to, after the commit."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._listeners: list[Callable[[str], None]] = []
         self._listeners_lock = threading.Lock()
-        self._local = threading.local()
-
-    @contextlib.contextmanager
-    def creations(self, made: list[str]) -> Iterator[list[str]]:
-        """Append to `made` the id of every run this thread creates inside the block: a heist
-        whose opening events cannot be journaled leaves a run that only its creator knows."""
-        outer = getattr(self._local, "made", None)
-        self._local.made = made
-        try:
-            yield made
-        finally:
-            self._local.made = outer
-
-    def create_run(self, scenario: str, **kwargs: Any) -> str:
-        run_id = super().create_run(scenario, **kwargs)
-        made = getattr(self._local, "made", None)
-        if made is not None:
-            made.append(run_id)
-        return run_id
 
     def add_listener(self, fn: Callable[[str], None]) -> None:
         with self._listeners_lock:

@@ -13,6 +13,7 @@ import msgspec
 
 from engine import events as ev
 from engine import public
+from engine.heist.session import SCENARIO as HEIST
 from engine.journal import Journal, RunInfo
 from engine.projections import fork_step
 from engine.server.public_feed import public_events
@@ -104,7 +105,7 @@ def session_summary(journal: Journal, info: RunInfo) -> dict[str, Any]:
 def list_sessions(journal: Journal, limit: int, offset: int) -> dict[str, Any]:
     """Root runs of heists, newest first, one page (the journal holds other runs too: the
     detector's journaled LLM calls, recorded programs)."""
-    roots = [r for r in journal.runs() if r.parent_run_id is None and r.scenario == "heist"]
+    roots = [r for r in journal.runs() if r.parent_run_id is None and r.scenario == HEIST]
     roots.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
     page = roots[offset : offset + limit]
     return {
