@@ -35,6 +35,7 @@ Version history:
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, Union, get_args
@@ -217,6 +218,18 @@ _raw_decoder = msgspec.msgpack.Decoder()
 def encode(event: Event) -> bytes:
     """Canonical bytes of an event: msgpack, fields in declaration order, defaults omitted."""
     return _encoder.encode(event)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def not_journalable_text(text: str) -> str | None:
+    """Why no event could hold `text`, or None: a lone surrogate (what a `\\ud800` escape in
+    JSON or YAML decodes to) has no UTF-8 form. For refusing input before anything is written."""
+    bad = _SURROGATE.search(text)
+    if bad is None:
+        return None
+    return f"not valid Unicode text (a lone surrogate {bad.group()!r} at character {bad.start()})"
 
 
 def _article(word: str) -> str:

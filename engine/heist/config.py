@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeGuard
 import msgspec
 
 from engine.errors import ConfigError
+from engine.events import not_journalable_text
 from engine.heist.tools import TOOL_NAMES
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ MAX_TEXT_CHARS = 1000
 _FIELDS = ("name", "role", "goal", "tools")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 _STR = "tag:yaml.org,2002:str"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _CORE_TAGS = frozenset({"str", "int", "float", "bool", "null", "seq", "map", "timestamp"})
 
 
@@ -215,15 +215,11 @@ class _Validator:
         value = str(node.value).strip()
         if not value:
             raise self.error(node, f"{what}: field {field!r} must not be empty")
-        bad = _SURROGATE.search(value)
-        if bad is not None:
-            # a YAML escape such as "\ud800" yields a lone surrogate: no UTF-8 text can hold
-            # it, so the journal could never record this crew
-            raise self.error(
-                node,
-                f"{what}: field {field!r} is not valid Unicode text (a lone surrogate "
-                f"{bad.group()!r} at character {bad.start()})",
-            )
+        problem = not_journalable_text(value)
+        if problem is not None:
+            # a YAML escape such as "\ud800" yields a lone surrogate: the journal could never
+            # record this crew
+            raise self.error(node, f"{what}: field {field!r} is {problem}")
         if len(value) > MAX_TEXT_CHARS:
             raise self.error(
                 node, f"{what}: field {field!r} is longer than {MAX_TEXT_CHARS} characters"

@@ -27,8 +27,6 @@ import contextlib
 import json
 import math
 import os
-import re
-import sqlite3
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -44,9 +42,9 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import ConfigError, EngineError, InterventionError, UnknownRun
+from engine.events import not_journalable_text
 from engine.executors.base import ExecutorOptions
 from engine.journal import Journal
-from engine.logging import get_logger
 from engine.server import views
 from engine.server.runner import HeistRunner, NotControllable, TooManyHeists
 from engine.server.stream import LIVE_STATUSES, NotifyingJournal, StreamHub
@@ -61,9 +59,6 @@ MAX_SEQ = 2**63 - 1
 #: forward runs of fork and attribution run in threads here, never in forked processes: a
 #: fork of this many-threaded process would copy whatever lock another thread holds
 THREADS_ONLY = ExecutorOptions(processes=False)
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-log = get_logger("car.server")
 
 
 @dataclass
@@ -130,12 +125,9 @@ class _Body(BaseModel):
 
 def _check_unicode(value: Any) -> None:
     if isinstance(value, str):
-        bad = _SURROGATE.search(value)
-        if bad is not None:
-            raise ValueError(
-                f"not valid Unicode text (a lone surrogate {bad.group()!r} at character "
-                f"{bad.start()})"
-            )
+        problem = not_journalable_text(value)
+        if problem is not None:
+            raise ValueError(problem)
     elif isinstance(value, dict):
         for k, v in value.items():
             _check_unicode(k)
@@ -262,12 +254,6 @@ def create_app(settings: ServerSettings) -> FastAPI:
         else:
             message = str(exc.detail)
         return error_response(status, message, headers=exc.headers)
-
-    @app.exception_handler(sqlite3.OperationalError)
-    async def _journal_busy(_req: Request, exc: sqlite3.OperationalError) -> JSONResponse:
-        # another process holds the journal's write lock for longer than the busy timeout
-        log.error("journal error", error=str(exc))
-        return error_response(503, f"the journal is busy ({exc}); try again", retry=True)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
