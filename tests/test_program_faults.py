@@ -533,3 +533,55 @@ def test_ctrl_c_during_a_live_call_of_a_fork_closes_branches_stopped(
         statuses = {j.status(r.run_id) for r in j.runs()}
         assert statuses == {"completed", "stopped"}
         assert j.status(kids[0].run_id) == "stopped"
+
+
+def test_an_upstream_that_is_done_holds_no_watchdog_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deadline watchdog leaves once its upstream is aborted, or idle for a while: a fork
+    makes an Upstream a branch, and each kept a thread for good before."""
+    import http.server
+    import threading
+    import time
+
+    from engine.program import upstream as upstream_mod
+    from engine.program.upstream import Upstream
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"ok": 1}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    def watchdogs() -> int:
+        return sum(t.name == "car-upstream-watchdog" for t in threading.enumerate())
+
+    def settle(want: int) -> int:
+        deadline = time.monotonic() + 5
+        while watchdogs() != want and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return watchdogs()
+
+    monkeypatch.setattr(upstream_mod, "WATCHDOG_IDLE_S", 0.2)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        before = watchdogs()
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        aborted = [Upstream(url, timeout=600) for _ in range(3)]
+        for up in aborted:
+            with up.call("POST", "/chat/completions", b"{}", {}) as reply:
+                reply.body()
+            up.abort()
+        idle = Upstream(url, timeout=600)
+        with idle.call("POST", "/chat/completions", b"{}", {}) as reply:
+            reply.body()
+        assert settle(before) == before
+    finally:
+        srv.shutdown()

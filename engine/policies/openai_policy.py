@@ -312,7 +312,7 @@ class OpenAIPolicy:
         status = resp.status
         retry_after = _retry_after(resp.getheader("Retry-After"))
         if status != 200:
-            message = f"answered HTTP {status}: {_error_text(bytes(out))}"
+            message = f"answered HTTP {status}: {error_text(bytes(out))}"
             retry = status in _RETRY_STATUSES or status >= 500
             raise _Fault(message, retry=retry, retry_after=retry_after)
         return status, bytes(out)
@@ -420,8 +420,9 @@ def _retry_after(value: str | None) -> float | None:
     return seconds if math.isfinite(seconds) and 0 <= seconds <= MAX_TIMEOUT_S else None
 
 
-def _error_text(raw: bytes) -> str:
-    """The message of an error reply: `error.message` of an OpenAI-style body, else the body."""
+def error_text(raw: bytes) -> str:
+    """The message of an error reply on one line, terminal control escaped: `error.message`
+    of an OpenAI-style body, else the body (clipped)."""
     try:
         body = _error_decoder.decode(raw)
     except msgspec.MsgspecError:

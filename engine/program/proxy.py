@@ -50,6 +50,7 @@ from engine.interventions import (
     DoResample,
     Intervention,
 )
+from engine.policies.openai_policy import error_text
 from engine.program import wire
 from engine.program.matching import (
     MatchMode,
@@ -453,24 +454,11 @@ def _error_body(message: str, kind: str) -> bytes:
     return wire.canonical({"error": {"message": message, "type": kind, "code": kind}}).encode()
 
 
-def _error_text(data: bytes) -> str:
-    """The message of an upstream's error reply on one line: `error.message`, else the body
-    (clipped)."""
-    text = data.decode("utf-8", errors="replace")
-    with contextlib.suppress(Exception):
-        body = wire.decode_json(data)
-        err = body.get("error") if isinstance(body, dict) else None
-        msg = err.get("message") if isinstance(err, dict) else err
-        if isinstance(msg, str) and msg.strip():
-            text = msg
-    text = " ".join(text.split())
-    return (text[:200] + "…" if len(text) > 200 else text) or "(empty body)"
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
     _sent = False  # the status line of the current request's answer went out
+    _streaming = False  # ... and it began an event stream
 
     def setup(self) -> None:
         super().setup()
@@ -493,10 +481,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(head + body)
 
     def _error(self, status: int, message: str, kind: str) -> None:
-        self._reply(status, _error_body(message, kind))
+        """An error answer; once the answer has begun, a second status line would corrupt it:
+        a stream under way ends with an error event, a whole answer closes the connection."""
+        if not self._sent:
+            self._reply(status, _error_body(message, kind))
+        elif self._streaming:
+            self._fail_stream(message, kind)
+        else:
+            self.close_connection = True
 
     def _start_stream(self) -> None:
-        self._sent = True
+        self._sent = self._streaming = True
         self.wfile.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -533,11 +528,11 @@ class _Handler(BaseHTTPRequestHandler):
     # ---------------------------------------------------------------- routes
 
     def do_GET(self) -> None:
-        self._sent = False
+        self._sent = self._streaming = False
         self._passthrough("GET", None)
 
     def do_POST(self) -> None:
-        self._sent = False
+        self._sent = self._streaming = False
         try:
             raw = self._body()
         except ValueError as e:
@@ -614,9 +609,8 @@ class _Handler(BaseHTTPRequestHandler):
             message = f"car proxy failed a call of agent {agent!r}: {type(e).__name__}: {e}"
             s.fail(message)
             self.close_connection = True
-            if not self._sent:
-                with contextlib.suppress(OSError):
-                    self._error(500, message, "car_error")
+            with contextlib.suppress(OSError):
+                self._error(500, message, "car_error")
         finally:
             s.end()
 
@@ -698,7 +692,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if s.fork_at is not None:
                     # a branch whose live part the upstream refused tested nothing: it is
                     # failed (unscored), as when the upstream cannot be reached
-                    s.fail(f"upstream {up.url} answered HTTP {r.status}: {_error_text(data)}")
+                    s.fail(f"upstream {up.url} answered HTTP {r.status}: {error_text(data)}")
                 ctype = r.header("Content-Type") or "application/json"
                 self._reply(r.status, data, ctype)
                 return
@@ -740,35 +734,28 @@ class _Handler(BaseHTTPRequestHandler):
         """Relay the upstream's stream event by event and journal it once it is complete.
         The program's stream starts with the first good event, so a stream that fails before
         it is an HTTP error; a stream that fails later (cut, malformed, oversized, too slow)
-        ends with an error event. Either way the call is not journaled and the run fails."""
+        ends with an error event (`_chat` answers an UpstreamError either way). The call is not
+        journaled, and the run fails unless the call was abandoned (the proxy closing)."""
         asm = wire.StreamAssembler(agent, ordinal)
         limit = up.max_reply_bytes
-        try:
-            for data in r.events():
-                try:
-                    relay = asm.feed(data)
-                except ValueError as e:
-                    raise UpstreamError(f"upstream {up.url} sent a malformed stream: {e}") from e
-                if asm.size > limit:
-                    raise UpstreamError(
-                        f"upstream {up.url} streamed a reply larger than the limit of {limit} "
-                        "bytes (--max-reply-bytes)"
-                    )
-                if not self._sent:
-                    self._start_stream()
-                self._chunk(b"data: " + relay + b"\n\n")
-            if not asm.complete:
+        for data in r.events():
+            try:
+                relay = asm.feed(data)
+            except ValueError as e:
+                raise UpstreamError(f"upstream {up.url} sent a malformed stream: {e}") from e
+            if asm.size > limit:
                 raise UpstreamError(
-                    f"upstream {up.url} ended its stream before it finished "
-                    "(no finish_reason, no [DONE])"
+                    f"upstream {up.url} streamed a reply larger than the limit of {limit} "
+                    "bytes (--max-reply-bytes)"
                 )
-        except UpstreamError as e:
             if not self._sent:
-                raise
-            if not isinstance(e, UpstreamAborted):
-                s.fail(str(e))
-            self._fail_stream(str(e), e.kind)
-            return
+                self._start_stream()
+            self._chunk(b"data: " + relay + b"\n\n")
+        if not asm.complete:
+            raise UpstreamError(
+                f"upstream {up.url} ended its stream before it finished "
+                "(no finish_reason, no [DONE])"
+            )
         latency = (time.perf_counter() - t0) * 1000.0
         s.journal_call(agent, ordinal, sent, seed, source, asm.answer(), latency, up.url)
         if not self._sent:

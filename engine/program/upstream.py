@@ -49,6 +49,10 @@ STREAM_ENVELOPE = 16
 _READ_CHUNK = 16 * 1024
 
 
+#: seconds a watchdog waits for the next call before it leaves
+WATCHDOG_IDLE_S = 5.0
+
+
 class UpstreamError(EngineError):
     """The upstream server failed a call: a broken, malformed or oversized reply."""
 
@@ -117,7 +121,11 @@ class Upstream:
         self.url = base_url.rstrip("/")
         self.https = u.scheme == "https"
         self.host = u.hostname
-        self.port = u.port or (443 if self.https else 80)
+        try:
+            port = u.port  # a port out of range raises here
+        except ValueError as e:
+            raise ConfigError(f"bad upstream URL {base_url!r}: {e}") from e
+        self.port = port or (443 if self.https else 80)
         self.prefix = u.path.rstrip("/")
         self.timeout = float(min(timeout, MAX_TIMEOUT_S))
         self.max_reply_bytes = max_reply_bytes
@@ -148,14 +156,24 @@ class Upstream:
 
     def _watch(self) -> None:
         """Cut each call in flight once its deadline has passed; sleep until the next one."""
+        idle = False
         while True:
             with self._lock:
                 now = time.monotonic()
                 live = [r for r in self._inflight if not r.expired]
+                if not live:
+                    # nothing in flight for a while, or never again: leave (the next call
+                    # starts a watchdog anew), so an upstream that is done holds no thread
+                    if idle or self._aborted:
+                        self._watchdog = None
+                        return
+                    idle = True
+                    self._due.wait(WATCHDOG_IDLE_S)
+                    continue
+                idle = False
                 late = [r for r in live if r._deadline <= now]
                 if not late:
-                    nearest = min((r._deadline for r in live), default=None)
-                    self._due.wait(None if nearest is None else nearest - now)
+                    self._due.wait(min(r._deadline for r in live) - now)
                     continue
             for r in late:  # outside the lock: a cut takes the reply's own lock
                 r._cut("expired")
@@ -218,6 +236,7 @@ class Upstream:
         with self._lock:
             self._aborted = True
             replies = list(self._inflight)
+            self._due.notify()  # a watchdog with nothing left to watch leaves
         for r in replies:
             r.abort()
 
@@ -397,5 +416,6 @@ class Reply:
             self._ended = True
         with self.up._lock:
             self.up._inflight.discard(self)
+            self.up._due.notify()  # its watchdog may be asleep until this call's deadline
         if self.conn is not None and not (self._complete and not self.expired):
             self.conn.close()
