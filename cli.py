@@ -34,7 +34,7 @@ from engine.commands.common import (
     out,
 )
 from engine.errors import ConfigError, EngineError, interrupt_behind
-from engine.terminal import printable
+from engine.terminal import in_markup, printable
 
 # plain values (str, int, float) are converted without importing pydantic (~0.15 s)
 coerce.install()
@@ -118,8 +118,8 @@ def show_cmd(
         return
     h = data["run"]
     out.print(
-        f"[bold]run {h['run_id']}[/]  scenario={_shown(h['scenario'])}  status={data['status']}  "
-        f"steps={data['steps']}",
+        f"[bold]run {h['run_id']}[/]  scenario={in_markup(h['scenario'])}  "
+        f"status={data['status']}  steps={data['steps']}",
         highlight=False,
     )
     if h["parent_run_id"]:
@@ -128,8 +128,8 @@ def show_cmd(
     if start:
         seed = f"  seed={start['root_seed']}" if "root_seed" in start else ""
         out.print(
-            f"policy={_shown(start.get('policy'))}{seed}  "
-            f"agents={_shown(', '.join(start.get('agents', [])))}",
+            f"policy={in_markup(start.get('policy'))}{seed}  "
+            f"agents={in_markup(', '.join(start.get('agents', [])))}",
             highlight=False,
         )
     for line in data["lines"]:
@@ -149,15 +149,6 @@ def show_cmd(
         tree = Tree(f"[bold]{tree_data['run_id']}[/]")
         _add_branches(tree, tree_data["children"], depth, limit)
         out.print(tree)
-
-
-def _shown(value: Any) -> str:
-    """A value read from a journal (an agent's name, a policy) inside a line with markup:
-    terminal control escaped as in the transcript, and rich markup too (a name such as
-    `[blink]x` is text)."""
-    from rich.markup import escape
-
-    return escape(printable(str(value)))
 
 
 def _add_branches(node: Any, children: list[dict[str, Any]], depth: int, limit: int) -> None:
@@ -197,7 +188,7 @@ def state_cmd(
         return
     out.print(
         f"[bold]s_{at}[/] of run {data['run_id']}: {data['seq']} events folded, "
-        f"next agent {_shown(data['acting_agent'])} (round {data['round']}), "
+        f"next agent {in_markup(data['acting_agent'])} (round {data['round']}), "
         f"status {data['status']}",
         highlight=False,
     )
@@ -219,7 +210,7 @@ def state_cmd(
 
 def _print_public_state(at: int, data: dict[str, Any]) -> None:
     out.print(
-        f"[bold]s_{at}[/] of run {data['run_id']}: next agent {_shown(data['acting_agent'])} "
+        f"[bold]s_{at}[/] of run {data['run_id']}: next agent {in_markup(data['acting_agent'])} "
         f"(round {data['round']}), status {data['status']}",
         highlight=False,
     )

@@ -25,3 +25,12 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     a visible escape. Tabs and newlines are escaped too unless `keep_newlines`."""
     pattern = _CONTROL if keep_newlines else _CONTROL_ALL
     return pattern.sub(_escape, text)
+
+
+def in_markup(value: object) -> str:
+    """A value read from a journal (an agent's name, a policy) inside a line printed with rich
+    markup: terminal control escaped as by `printable`, and markup too (a name such as
+    `[blink]x` is text)."""
+    from rich.markup import escape
+
+    return escape(printable(str(value)))

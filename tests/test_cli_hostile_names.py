@@ -13,15 +13,15 @@ from journal_helpers import car
 HOSTILE = "a\x1b]0;PWNED\x07\x1b[2J\x1b[31m[blink]x"
 
 
-def _trace(agent: str) -> dict[str, object]:
-    """A minimal OTLP/JSON trace: two chat calls of one agent named `agent`."""
+def _trace(agent: str, said: str = "hi", trace: str = "ab") -> dict[str, object]:
+    """A minimal OTLP/JSON trace: two chat calls of one agent named `agent`, saying `said`."""
 
     def kv(key: str, value: str) -> dict[str, object]:
         return {"key": key, "value": {"stringValue": value}}
 
-    reply = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "hi"}]}])
+    reply = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": said}]}])
     spans = [
-        {"traceId": "ab" * 16, "spanId": f"{i:016x}", "name": "chat m",
+        {"traceId": trace * 16, "spanId": f"{i:016x}", "name": "chat m",
          "startTimeUnixNano": str(1000 * i), "endTimeUnixNano": str(1000 * i + 500),
          "attributes": [kv("gen_ai.operation.name", "chat"), kv("gen_ai.agent.name", agent),
                         kv("gen_ai.output.messages", reply)]}
@@ -55,3 +55,20 @@ def test_hostile_agent_name_is_escaped(imported: tuple[Path, str], argv: list[st
     assert res.returncode == 0, res.stderr
     assert "\x1b" not in res.stdout and "\x07" not in res.stdout
     assert "[blink]x" in res.stdout
+
+
+def test_diff_shows_hostile_words_and_names_escaped(tmp_path: Path) -> None:
+    """`car diff` of two imported runs whose replies and agent carry escape sequences prints
+    them escaped, in the word diff as in the step lines."""
+    journal = tmp_path / "j.db"
+    runs = []
+    for said, trace in (("calm \x1b[2J words", "ab"), ("loud \x1b]0;PWNED\x07 words", "cd")):
+        path = tmp_path / f"{trace}.json"
+        path.write_text(json.dumps(_trace(HOSTILE, said, trace)))
+        res = car(journal, "import", str(path), "--json")
+        assert res.returncode == 0, res.stderr
+        runs.append(json.loads(res.stdout)[0]["run_id"])
+    res = car(journal, "diff", *runs)
+    assert res.returncode == 0, res.stderr
+    assert "PWNED" in res.stdout and "[blink]x" in res.stdout
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout

@@ -154,10 +154,8 @@ def diff_cmd(
 
     Works for a branch against its parent and for two unrelated runs. Deleted words are shown
     as [-word-], inserted ones as {+word+}."""
-    from rich.markup import escape
-
     from engine.diff import diff_runs
-    from engine.terminal import printable
+    from engine.terminal import in_markup, printable
 
     with open_journal(create=False) as j:
         d = diff_runs(j, run_a, run_b)
@@ -181,7 +179,7 @@ def diff_cmd(
         agent = s.a.agent if s.a else s.b.agent if s.b else "?"
         if s.a and s.b and s.a.agent != s.b.agent:
             agent = f"{s.a.agent} -> {s.b.agent}"
-        agent = escape(printable(agent))  # a name from an imported trace
+        agent = in_markup(agent)  # a name from an imported trace
         if s.status == "same":
             out.print(f"[dim][{s.step}] {agent}: same[/]", highlight=False)
             continue
@@ -192,10 +190,10 @@ def diff_cmd(
             for side, name in ((s.a, "a"), (s.b, "b")):
                 for t in side.tools if side else []:
                     shown = t.output if t.success else f"FAILED: {t.output}"
-                    shown = " ".join(shown.split())
+                    shown = printable(" ".join(shown.split()))
                     shown = shown if len(shown) <= 100 else shown[:99] + "…"
                     out.print(
-                        f"      {name}: {t.tool}({t.param}) = {shown}",
+                        f"      {name}: {printable(t.tool)}({printable(t.param)}) = {shown}",
                         highlight=False,
                         markup=False,
                     )
@@ -211,8 +209,11 @@ def _render(words: Sequence[tuple[str, str]]) -> Any:
     """Word diff for the terminal: deletions red [-...-], insertions green {+...+}."""
     from rich.text import Text
 
+    from engine.terminal import printable
+
     text = Text()
     for op, chunk in words:
+        chunk = printable(chunk, keep_newlines=True)  # a model's words: shown, never obeyed
         if op == "equal":
             text.append(chunk)
         elif op == "delete":
