@@ -124,12 +124,13 @@ class AgentNames:
                 return
 
 
-#: The seeds a journal can hold (`LlmCall.seed` is a signed 64-bit integer, as OpenAI's is).
+#: The seeds the proxy forwards and journals: a signed 64-bit integer, as OpenAI's API takes
+#: it (the journal itself holds any 64-bit value, signed or not: engine/otel/importer.py).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 def seed_problem(body: Mapping[str, Any]) -> str | None:
-    """Why the request's `seed` cannot be journaled (None: it can, or there is none)."""
+    """Why the request's `seed` is refused (None: it is taken, or there is none)."""
     s = body.get("seed")
     if isinstance(s, int) and not isinstance(s, bool) and not SEED_MIN <= s <= SEED_MAX:
         return f"seed={s!r} is outside the 64-bit range [{SEED_MIN}, {SEED_MAX}]"
