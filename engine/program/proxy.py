@@ -789,10 +789,10 @@ class Proxy:
         then abandon the rest: their upstream calls are cut and nothing more is journaled."""
         self._server.shutdown()
         self._server.server_close()
-        if not self.session.wait_idle(wait):
-            self.session.abort()
+        idle = self.session.wait_idle(wait)
+        self.session.abort()  # whatever is left is abandoned, and nothing new starts
+        if not idle:
             self.session.wait_idle(2.0)
-        self.session.abort()
 
 
 __all__ = ["DoResample", "Miss", "Proxy", "Session", "Upstream", "UpstreamError"]
