@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,4 +46,18 @@ def car(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         cwd=ROOT,
         timeout=120,
+    )
+
+
+def unjournalable_crew() -> Any:
+    """A two-agent crew built without the loader (which refuses it) whose first role holds a
+    lone surrogate: no journal event can hold its RunStarted."""
+    from engine.heist.config import AgentSpec, HeistConfig
+
+    return HeistConfig(
+        agents=(
+            AgentSpec(name="boss", role="\ud800x", goal="Plan", tools=("calculator",)),
+            AgentSpec(name="eye", role="Lookout", goal="Watch", tools=("file_reader",)),
+        ),
+        source="crafted",
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 from freezegun import freeze_time
-from journal_helpers import ROOT, car
+from journal_helpers import ROOT, car, unjournalable_crew
 
 from engine import events as ev
 from engine.errors import ConfigError, JournalError
@@ -269,15 +269,7 @@ def test_an_opening_the_journal_refuses_closes_the_run_failed(
     """A crew built without the loader whose text no event can hold (a lone surrogate):
     record_run raises, and the run it created is closed failed, not left `recording`
     (with or without a live viewer's first flush)."""
-    from engine.heist.config import AgentSpec, HeistConfig
-
-    crew = HeistConfig(
-        agents=(
-            AgentSpec(name="boss", role="\ud800x", goal="Plan", tools=("calculator",)),
-            AgentSpec(name="eye", role="Lookout", goal="Watch", tools=("file_reader",)),
-        ),
-        source="crafted",
-    )
+    crew = unjournalable_crew()
     with Journal(tmp_path / "j.db") as j:
         with pytest.raises(JournalError, match="surrogates not allowed"):
             record_heist(j, SimPolicy(), seed=3, rounds=1, config=crew, on_created=on_created)

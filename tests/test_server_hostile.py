@@ -17,12 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
+from journal_helpers import unjournalable_crew
 from server_helpers import CAR, Server, car_serve, finished_heist, start, wait_status
 from servers import FaultyLLMServer, free_port
 
 from engine import events as ev
 from engine.errors import ConfigError, EngineError
-from engine.heist.config import AgentSpec, HeistConfig, parse_agents_config
+from engine.heist.config import parse_agents_config
 from engine.journal import Journal
 from engine.policies.registry import make_policy
 from engine.server.runner import HeistRunner
@@ -254,13 +255,7 @@ def test_a_heist_that_cannot_open_its_run_is_closed_not_left_recording(tmp_path:
     """When the runner's heist fails after its run was created (here: a crew built without the
     loader, whose lone surrogate no journal event can hold), start() raises an EngineError and
     the run is closed as failed: nothing is left `recording`, no slot stays taken."""
-    bad = HeistConfig(
-        agents=(
-            AgentSpec(name="boss", role="\ud800x", goal="Plan", tools=("calculator",)),
-            AgentSpec(name="eye", role="Lookout", goal="Watch", tools=("file_reader",)),
-        ),
-        source="crafted",
-    )
+    bad = unjournalable_crew()
     with NotifyingJournal(tmp_path / "j.db") as j:
         runner = HeistRunner(j, max_heists=1)
         with pytest.raises(EngineError, match="surrogate"):
