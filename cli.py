@@ -187,9 +187,7 @@ def state_cmd(
         _print_public_state(at, data)
         return
     out.print(
-        f"[bold]s_{at}[/] of run {data['run_id']}: {data['seq']} events folded, "
-        f"next agent {in_markup(data['acting_agent'])} (round {data['round']}), "
-        f"status {data['status']}",
+        f"[bold]s_{at}[/] of run {data['run_id']}: {data['seq']} events folded, {_turn(data)}",
         highlight=False,
     )
     seeds = ", ".join(f"step {k}: {seed}" for k, seed in data["seeds"])
@@ -208,12 +206,18 @@ def state_cmd(
         )
 
 
-def _print_public_state(at: int, data: dict[str, Any]) -> None:
-    out.print(
-        f"[bold]s_{at}[/] of run {data['run_id']}: next agent {in_markup(data['acting_agent'])} "
-        f"(round {data['round']}), status {data['status']}",
-        highlight=False,
+def _turn(data: dict[str, Any]) -> str:
+    """Whose turn it is at a shown state, or that the run has none left (markup)."""
+    if data["acting_agent"] is None:
+        return f"no next agent, status {data['status']}"
+    return (
+        f"next agent {in_markup(data['acting_agent'])} (round {data['round']}), "
+        f"status {data['status']}"
     )
+
+
+def _print_public_state(at: int, data: dict[str, Any]) -> None:
+    out.print(f"[bold]s_{at}[/] of run {data['run_id']}: {_turn(data)}", highlight=False)
     out.print("[bold]conversation (window)[/]")
     for m in data["transcript"]:
         line = f"  [{m['step']}] {m['agent']}: {m['text']}"

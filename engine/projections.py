@@ -14,7 +14,7 @@ from engine import events as ev
 from engine.journal import Journal, RunInfo
 from engine.policies.base import ChatLine
 from engine.public import PublicRun, public_state, public_view
-from engine.state import State, edit_transcript, state_at
+from engine.state import State, edit_transcript, next_agent, shown_state
 
 
 def fork_step(j: Journal, info: RunInfo) -> int | None:
@@ -206,7 +206,7 @@ def state_dict(state: State, *, reveal: bool = False) -> dict[str, Any]:
         for ctx in data["contexts"].values():
             ctx.pop("secret", None)
             ctx.pop("strategy", None)
-    data["acting_agent"] = state.acting_agent
+    data["acting_agent"] = next_agent(state)
     data["round"] = state.round
     return data
 
@@ -216,7 +216,7 @@ def state_view(j: Journal, run_id: str, k: int, *, reveal: bool = False) -> dict
     if not reveal:
         return public_state(j, run_id, k)
     info = j.run(run_id)
-    s = state_at(j, info.run_id, k)
+    s = shown_state(j, info.run_id, k)
     data = state_dict(s, reveal=reveal)
     data["run_id"] = info.run_id
     data["k"] = k

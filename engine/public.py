@@ -227,10 +227,10 @@ def public_state(journal: Journal, run_id: str, k: int) -> dict[str, Any]:
     """s_k as the public may see it: the conversation window before step k, the turn cursor,
     and for every agent (config order) its turns and its tool usage so far. No seeds, no
     secret, no count of folded events (the secret event would be one of them)."""
-    from engine.state import state_at
+    from engine.state import next_agent, shown_state
 
     info = journal.run(run_id)
-    s = state_at(journal, info.run_id, k)
+    s = shown_state(journal, info.run_id, k)
     agents = list(s.agents)
     per_agent = []
     for name in agents:
@@ -258,7 +258,7 @@ def public_state(journal: Journal, run_id: str, k: int) -> dict[str, Any]:
         "scenario": s.scenario,
         "agents": agents,
         "step": s.step,
-        "acting_agent": s.acting_agent,
+        "acting_agent": next_agent(s),
         "round": s.round,
         "rounds": s.rounds,
         "status": status,

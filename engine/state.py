@@ -248,6 +248,19 @@ def state_at(journal: Journal, run_id: str, k: int, *, snapshots: bool = True) -
     return state_at_seq(journal, run_id, step_seq(journal, run_id, k), snapshots=snapshots)
 
 
+def shown_state(journal: Journal, run_id: str, k: int) -> State:
+    """s_k as `car state` shows it: at k one past the last step, the run's whole history (its
+    RunEnded too, once it has one), so that an ended run says how it ended; else `state_at`."""
+    if k == journal.steps(run_id):
+        return state_at_seq(journal, run_id, journal.head(run_id))
+    return state_at(journal, run_id, k)
+
+
+def next_agent(state: State) -> str | None:
+    """The agent whose turn is next, None once the run has ended (or before it began)."""
+    return state.acting_agent if state.status in ("recording", "paused") else None
+
+
 def build_snapshots(journal: Journal, run_id: str) -> int:
     """Fold the whole run once, storing every SNAPSHOT_EVERY-th state; returns the head."""
     head = journal.head(run_id)
