@@ -82,9 +82,49 @@ BAD_TRACES = {
         trace(kv("gen_ai.request.seed", {"intValue": str(2**70)})),
         r"seed: expected a 64-bit integer",
     ),
+    "seed a fraction as text": (
+        trace(text("gen_ai.request.seed", "1.5")),
+        r"spans\[0\]: seed: expected a 64-bit integer, got '1\.5'",
+    ),
+    "seed a fraction as a number": (
+        trace(kv("gen_ai.request.seed", {"doubleValue": 1.5})),
+        r"spans\[0\]: seed: expected a 64-bit integer, got 1\.5",
+    ),
+    "seed a fraction as an intValue": (
+        trace(kv("gen_ai.request.seed", {"intValue": 1.5})),
+        r"spans\[0\]: attribute 'gen_ai\.request\.seed': intValue is not an integer: 1\.5",
+    ),
+    "seed a fraction in the invocation parameters": (
+        trace(text("llm.invocation_parameters", '{"seed": 1.5}')),
+        r"spans\[0\]: seed: expected a 64-bit integer, got 1\.5",
+    ),
+    "seed in exponent notation as text": (
+        trace(text("gen_ai.request.seed", "1e3")),
+        r"spans\[0\]: seed: expected a 64-bit integer, got '1e3'",
+    ),
+    "seed NaN as text": (
+        trace(text("gen_ai.request.seed", "NaN")),
+        r"spans\[0\]: seed: expected a 64-bit integer, got 'NaN'",
+    ),
+    "seed 5000 digits as text": (
+        trace(text("gen_ai.request.seed", "9" * 5000)),
+        r"spans\[0\]: seed: expected a 64-bit integer, got '9{30}",
+    ),
+    "time 5000 digits": (
+        trace(start="9" * 5000),
+        r"startTimeUnixNano: expected an integer time in nanoseconds",
+    ),
+    "time a bare number of 5000 digits": (
+        trace().replace('"startTimeUnixNano": "1000"', '"startTimeUnixNano": ' + "9" * 5000),
+        r"holds a number of more digits than an integer may have here",
+    ),
+    "boolValue a word": (
+        trace(kv("x", {"boolValue": "no"})),
+        r"spans\[0\]: attribute 'x': boolValue is not true or false: 'no'",
+    ),
     "intValue not a number": (
         trace(kv("x", {"intValue": "abc"})),
-        r"spans\[0\]: attribute 'x': invalid literal",
+        r"spans\[0\]: attribute 'x': intValue is not an integer: 'abc'",
     ),
     "bytesValue not base64": (
         trace(kv("x", {"bytesValue": "abc"})),
@@ -158,6 +198,75 @@ def test_large_but_valid_numbers_import(tmp_path: Path) -> None:
         (run,) = j.runs()
         (call,) = [e for e in j.events(run.run_id) if type(e).__name__ == "LlmCall"]
         assert (call.completion_tokens, call.seed) == (2**63 - 1, 2**64 - 1)  # type: ignore[attr-defined]
+
+
+def test_seeds_read_alike_as_integer_float_and_text(tmp_path: Path) -> None:
+    """A seed given as 7, 7.0 or "7" (an attribute, or `seed` in OpenInference's invocation
+    parameters) is 7; text that is no number, like an absent seed, is no seed (0)."""
+    given = [
+        [kv("gen_ai.request.seed", {"intValue": "7"})],
+        [kv("gen_ai.request.seed", {"intValue": 7})],
+        [kv("gen_ai.request.seed", {"doubleValue": 7.0})],
+        [text("gen_ai.request.seed", "7")],
+        [text("gen_ai.request.seed", " 7 ")],
+        [text("llm.invocation_parameters", '{"seed": 7}')],
+        [text("llm.invocation_parameters", '{"seed": 7.0}')],
+        [text("llm.invocation_parameters", '{"seed": "7"}')],
+        [text("gen_ai.request.seed", "abc")],
+        [text("llm.invocation_parameters", '{"seed": "abc"}')],
+        [],
+    ]
+    spans = []
+    for i, attrs in enumerate(given):
+        (span,) = json.loads(trace(*attrs))["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        span["spanId"] = f"{i + 1:016x}"
+        span["startTimeUnixNano"] = str(1000 * (i + 1))
+        span["endTimeUnixNano"] = str(1000 * (i + 1) + 500)
+        spans.append(span)
+    file, path = tmp_path / "t.json", tmp_path / "j.db"
+    doc = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+    file.write_text(json.dumps(doc))
+    res = car(path, "import", str(file))
+    assert res.returncode == 0, res.stderr
+    with Journal(path, readonly=True) as j:
+        (run,) = j.runs()
+        calls = [e for e in j.events(run.run_id) if type(e).__name__ == "LlmCall"]
+    assert [c.seed for c in calls] == [7] * 8 + [0] * 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (7, 7),
+        (-7, -7),
+        (7.0, 7),
+        (1e3, 1000),
+        ("7", 7),
+        (" -7\n", -7),
+        ("+7", 7),
+        (str(2**64 - 1), 2**64 - 1),
+        (True, None),
+        (1.5, None),
+        (float("nan"), None),
+        (float("inf"), None),
+        ("1.5", None),
+        ("7.0", None),
+        ("1e3", None),
+        ("1_000", None),
+        ("\u0667", None),  # an Arabic-Indic seven: a digit to Python's int(), not to OTLP/JSON
+        ("", None),
+        ("abc", None),
+        ("9" * 5000, None),  # past Python's 4300-digit limit on int(str)
+        (None, None),
+        ([7], None),
+    ],
+)
+def test_integer_as_otlp_json_carries_one(value: object, expected: int | None) -> None:
+    """The one reading of an integer in an OTLP/JSON file (span times, token counts, seeds,
+    intValue): a JSON integer, a whole finite number or a string of decimal digits."""
+    from engine.otel.attrs import integer
+
+    assert integer(value) == expected
 
 
 def test_an_agent_name_with_escape_sequences_is_printed_escaped(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""OTLP/JSON attribute values (`AnyValue`) to and from plain Python values.
+"""OTLP/JSON attribute values (`AnyValue`) to and from plain Python values, and `integer`, the
+one reading of an integer in an OTLP/JSON file (span times, `intValue`, token counts, seeds).
 
 OTLP/JSON is the protobuf JSON mapping with two twists that matter here: trace and span ids are
 hex strings (not base64), and 64-bit integers travel as decimal strings."""
@@ -6,10 +7,49 @@ hex strings (not base64), and 64-bit integers travel as decimal strings."""
 from __future__ import annotations
 
 import base64
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 AttrValue = str | bool | int | float | list[Any]
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+#: Python's default limit on the digits int() reads from text: a longer string is no integer
+#: here, whatever limit the interpreter is set to (OTLP's widest integer has 20 digits)
+_MAX_DIGITS = 4300
+
+
+def integer(value: Any) -> int | None:
+    """An integer as OTLP/JSON carries one, else None.
+
+    An integer is a JSON integer (not a bool), a finite JSON number without a fraction (7.0;
+    1e3, which JSON cannot tell from 1000.0) or a string of ASCII decimal digits with an
+    optional sign, surrounding whitespace ignored ("7", " -7"), as OTLP/JSON writes 64-bit
+    integers. Not one: a fraction (1.5), NaN, an infinity, a string with a fraction or an
+    exponent ("1.5", "7.0", "1e3"), underscores or non-ASCII digits, text, a string of more than
+    4300 digits, any other value. Callers check the range and say what they expected."""
+    if isinstance(value, bool):  # bool before int: bool is an int subclass
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > _MAX_DIGITS + 1 or not _DECIMAL.fullmatch(text):
+            return None
+        try:
+            return int(text)
+        except ValueError:  # past a limit set lower than the default
+            return None
+    return None
+
+
+def shown(value: Any) -> str:
+    """A value as an error message quotes it: its repr, cut at 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def any_value(value: AttrValue) -> dict[str, Any]:
@@ -37,9 +77,17 @@ def from_any_value(value: Any) -> Any:
     if "stringValue" in value:
         return str(value["stringValue"])
     if "boolValue" in value:
-        return bool(value["boolValue"])
+        flag = value["boolValue"]
+        if isinstance(flag, bool):
+            return flag
+        if flag in ("true", "false"):  # as some writers quote it
+            return flag == "true"
+        raise ValueError(f"boolValue is not true or false: {shown(flag)}")
     if "intValue" in value:
-        return int(value["intValue"])
+        n = integer(value["intValue"])
+        if n is None:
+            raise ValueError(f"intValue is not an integer: {shown(value['intValue'])}")
+        return n
     if "doubleValue" in value:
         return float(value["doubleValue"])
     if "arrayValue" in value:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import msgspec
 from engine import events as ev
 from engine.errors import JournalError
 from engine.journal import Journal
+from engine.otel.attrs import integer, shown
 from engine.otel.imported import IMPORTED_SCENARIO
 from engine.otel.otlp import Span, TraceImportError, parse_spans
 
@@ -403,28 +403,6 @@ def _step(span: Span, by_id: dict[str, Span]) -> tuple[ImportedStep, list[dict[s
     return step, asked
 
 
-def _integer(value: Any) -> int | None:
-    """An integer attribute as OTLP carries one (intValue, a whole doubleValue, a decimal
-    string); None for anything else (NaN, infinities, fractions, text)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() else None
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:40] + "..."
-
-
 def _count(span: Span, *keys: str) -> int:
     """A token count from the first of `keys` the span sets (0 if none): an integer from 0
     to MAX_COUNT, else TraceImportError naming the span and the attribute."""
@@ -432,34 +410,48 @@ def _count(span: Span, *keys: str) -> int:
         value = span.attrs.get(key)
         if value in (None, ""):
             continue
-        n = _integer(value)
+        n = integer(value)
         if n is None or not 0 <= n <= MAX_COUNT:
             raise TraceImportError(
                 f"{span.where or span.span_id}: {key}: expected a token count (an integer from"
-                f" 0 to 2**63-1), got {_shown(value)}"
+                f" 0 to 2**63-1), got {shown(value)}"
             )
         return n
     return 0
 
 
 def _seed(value: Any, span: Span) -> int:
-    """The request's seed (a fraction cut off): what is no number is taken as none (0); a
-    number that is not a 64-bit integer (NaN, too large) is refused."""
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            return 0
-    if isinstance(value, float) and math.isfinite(value):
-        value = int(value)
-    if not isinstance(value, int | float) or isinstance(value, bool):
+    """The request's seed: an integer as OTLP/JSON carries one (`attrs.integer`: 7, 7.0 and "7"
+    are 7) from -2**63 to 2**64-1.
+
+    A number, or text that reads as one, that is not such an integer is malformed and refused,
+    as is one out of range: 1.5 and "1.5" alike, NaN and "NaN", "1e3" and "7.0" (a seed written
+    as text is decimal digits, as OTLP/JSON writes integers). Text that is no number ("abc")
+    and values that are neither number nor text (a bool, a list) are no seed (0), as is an
+    absent seed."""
+    n = integer(value)
+    if n is None and not _numeric(value):
         return 0
-    n = _integer(value)
     if n is None or not SEED_RANGE[0] <= n <= SEED_RANGE[1]:
         raise TraceImportError(
-            f"{span.where or span.span_id}: seed: expected a 64-bit integer, got {_shown(value)}"
+            f"{span.where or span.span_id}: seed: expected a 64-bit integer, got {shown(value)}"
         )
     return n
+
+
+def _numeric(value: Any) -> bool:
+    """A number (not a bool), or text that Python reads as one ("1.5", "1e3", "NaN")."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return True
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return False
+        return True
+    return False
 
 
 def _answers(spans: list[Span]) -> dict[str, str]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 from typing import Any
 
 import msgspec
 
 from engine.errors import EngineError
-from engine.otel.attrs import attributes
+from engine.otel.attrs import attributes, integer
 
 #: OTLP times are fixed64: nanoseconds since 1970, 0 to 2**64 - 1 (the year 2554, well within
 #: what a datetime holds)
@@ -62,18 +61,9 @@ def _id(value: Any, size: int, where: str) -> str:
 
 
 def _int(value: Any, where: str) -> int:
-    """A time in nanoseconds: an integer (a decimal string, as OTLP/JSON writes 64-bit
-    integers, or a JSON number without a fraction) from 0 to MAX_TIME_NS."""
-    n: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        n = value
-    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        n = int(value)
-    elif isinstance(value, str):
-        try:
-            n = int(value.strip())
-        except ValueError:  # also past Python's 4300-digit limit
-            n = None
+    """A time in nanoseconds: an integer as OTLP/JSON carries one (`attrs.integer`) from 0 to
+    MAX_TIME_NS."""
+    n = integer(value)
     if n is None or not 0 <= n <= MAX_TIME_NS:
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
         raise TraceImportError(
@@ -90,6 +80,9 @@ def _attributes(kvs: Any, where: str) -> dict[str, Any]:
         raise TraceImportError(f"{where}: {e}") from None
 
 
+_TOO_LONG = "{where} holds a number of more digits than an integer may have here (4300)"
+
+
 def _documents(text: str, source: str) -> list[tuple[str, Any]]:
     """The JSON documents of a file: one document, or one per line (JSON Lines)."""
     try:
@@ -97,24 +90,30 @@ def _documents(text: str, source: str) -> list[tuple[str, Any]]:
     except RecursionError:
         raise TraceImportError(f"{source} nests JSON arrays or objects too deeply") from None
     except json.JSONDecodeError as whole:
-        lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
-        if len(lines) <= 1:
-            raise TraceImportError(
-                f"{source} is not JSON: {whole.msg} at line {whole.lineno} column {whole.colno}"
-            ) from None
-        docs = []
-        for i, line in lines:
-            try:
-                docs.append((f"{source} line {i}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise TraceImportError(
-                    f"{source} line {i} is not JSON: {e.msg} at column {e.colno}"
-                ) from None
-            except RecursionError:
-                raise TraceImportError(
-                    f"{source} line {i} nests JSON arrays or objects too deeply"
-                ) from None
-        return docs
+        return _lines(text, source, whole)
+    except ValueError:  # a bare number past the interpreter's digit limit
+        raise TraceImportError(_TOO_LONG.format(where=source)) from None
+
+
+def _lines(text: str, source: str, whole: json.JSONDecodeError) -> list[tuple[str, Any]]:
+    """The documents of a JSON Lines file (`whole`: why the text is no single document)."""
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if len(lines) <= 1:
+        raise TraceImportError(
+            f"{source} is not JSON: {whole.msg} at line {whole.lineno} column {whole.colno}"
+        ) from None
+    docs = []
+    for i, line in lines:
+        where = f"{source} line {i}"
+        try:
+            docs.append((where, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise TraceImportError(f"{where} is not JSON: {e.msg} at column {e.colno}") from None
+        except RecursionError:
+            raise TraceImportError(f"{where} nests JSON arrays or objects too deeply") from None
+        except ValueError:
+            raise TraceImportError(_TOO_LONG.format(where=where)) from None
+    return docs
 
 
 def parse_spans(text: str, source: str = "trace") -> list[Span]:
