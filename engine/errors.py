@@ -28,6 +28,11 @@ class ConcurrencyError(JournalError):
     """Another writer appended at the same (run_id, seq) first."""
 
 
+class JournalBusy(JournalError):
+    """The journal stayed locked by another writer past the wait allowed for it: nothing was
+    written, and the same request may succeed if tried again later."""
+
+
 class AppendOnlyViolation(JournalError):
     """The database refused an UPDATE or DELETE of journal history."""
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 from engine.errors import (
     ConcurrencyError,
     InterventionError,
+    JournalBusy,
     JournalError,
     NotAJournal,
     SchemaTooNew,
@@ -165,6 +166,15 @@ class RunInfo(msgspec.Struct, frozen=True):
     scenario: str
     created_at: str
     label: str
+
+
+class UnreadableRun(msgspec.Struct, frozen=True):
+    """A runs row that does not read as a run (a cell retyped by hand): its id as text, the
+    column at fault, and the TamperedJournal line that every reader of the run fails with."""
+
+    run_id: str
+    column: str
+    error: str
 
 
 @dataclass(frozen=True)
@@ -368,6 +378,8 @@ class Journal:
         except sqlite3.DatabaseError as e:
             with contextlib.suppress(Exception):
                 conn.close()
+            if _is_busy(e):
+                raise JournalBusy(f"cannot open journal {self._where()}: {_first_line(e)}") from e
             raise NotAJournal(f"{self._where()} is not a journal: {_first_line(e)}") from e
         try:
             if current is None:
@@ -383,6 +395,11 @@ class Journal:
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA foreign_keys=ON")
             self.revision = self._sqlite_revision(conn)
+        except sqlite3.Error as e:
+            conn.close()
+            if _is_busy(e):  # an upgrade waited for the write lock in vain
+                raise JournalBusy(f"cannot open journal {self._where()}: {_first_line(e)}") from e
+            raise
         except BaseException:
             conn.close()
             raise
@@ -562,9 +579,12 @@ class Journal:
 
     def _driver_failure(self, e: Exception, action: str) -> JournalError:
         """The one-line error for a driver error: TamperedJournal where the stored bytes are
-        bad (a damaged file, a bytes cell retyped as text that is not UTF-8), else
-        JournalError naming the journal and the driver's first line."""
+        bad (a damaged file, a bytes cell retyped as text that is not UTF-8), JournalBusy
+        where another writer held the lock too long (worth trying again), else JournalError
+        naming the journal and the driver's first line."""
         first = _first_line(e)
+        if _is_busy(e):
+            return JournalBusy(f"cannot {action} journal {self._where()}: {first}")
         retyped = _UNDECODABLE.search(first)
         if retyped is not None:
             return self._retyped(retyped.group(1))
@@ -660,28 +680,54 @@ class Journal:
     def _run_info(self, row: Sequence[Any]) -> RunInfo:
         """A runs row as RunInfo; TamperedJournal for a cell of the wrong type or a
         created_at that is no ISO 8601 time (what export and the views read it as)."""
-        rid = row[0]
-        bad: tuple[str, Any, str] | None = None
-        for i, col in ((0, "run_id"), (3, "root_run_id"), (4, "scenario"), (6, "label")):
-            if not isinstance(row[i], str):
-                bad = (col, row[i], "text")
-        if row[1] is not None and not isinstance(row[1], str):
-            bad = ("parent_run_id", row[1], "text")
-        if row[2] is not None and type(row[2]) is not int:
-            bad = ("fork_seq", row[2], "an integer")
-        created = row[5]
-        if bad is None:
-            try:
-                dt.datetime.fromisoformat(created)
-            except (TypeError, ValueError):
-                bad = ("created_at", created, "an ISO 8601 time")
-        if bad is not None:
-            col, value, expected = bad
-            raise TamperedJournal(
-                f"run {rid!r} in {self._where()} has a {col} cell {value!r}, not {expected}"
-                " (see `car verify`)"
-            )
+        problem = _run_problem(row)
+        if problem is not None:
+            raise self._tampered_run(row[0], problem)
         return RunInfo(*row)
+
+    def _tampered_run(self, rid: Any, problem: tuple[str, Any, str]) -> TamperedJournal:
+        col, value, expected = problem
+        return TamperedJournal(
+            f"run {rid!r} in {self._where()} has a {col} cell {value!r}, not {expected}"
+            " (see `car verify`)"
+        )
+
+    def _select_runs(
+        self, where: str = "", args: Sequence[Any] = (), *, lenient: bool = False
+    ) -> tuple[list[RunInfo], list[UnreadableRun]]:
+        """The runs rows matching `where`, oldest first. A row that does not read as a run
+        (also one holding text that is not UTF-8) is TamperedJournal, or with `lenient` left
+        out and named in the second list."""
+        with self._read() as cur:
+            saved = self._conn.text_factory if lenient and self.is_sqlite else None
+            if saved is not None:
+                # a cell of text that is not UTF-8 comes back as its bytes (a bad cell of its
+                # row) instead of failing the whole query
+                self._conn.text_factory = _text_or_bytes
+            try:
+                cur.execute(
+                    self._q(
+                        "SELECT run_id, parent_run_id, fork_seq, root_run_id, scenario,"
+                        f" created_at, label FROM runs{where} ORDER BY created_at, run_id"
+                    ),
+                    tuple(args),
+                )
+                rows = cur.fetchall()
+            finally:
+                if saved is not None:
+                    self._conn.text_factory = saved
+        if not lenient:
+            return [self._run_info(r) for r in rows], []
+        infos: list[RunInfo] = []
+        bad: list[UnreadableRun] = []
+        for r in rows:
+            problem = _run_problem(r)
+            if problem is None:
+                infos.append(RunInfo(*r))
+            else:
+                error = str(self._tampered_run(r[0], problem))
+                bad.append(UnreadableRun(_as_text(r[0]), problem[0], error))
+        return infos, bad
 
     # ------------------------------------------------------------------ runs
 
@@ -851,23 +897,19 @@ class Journal:
             return self._run_row(cur, run_id)
 
     def runs(self) -> list[RunInfo]:
-        with self._read() as cur:
-            cur.execute(
-                "SELECT run_id, parent_run_id, fork_seq, root_run_id, scenario, created_at, label"
-                " FROM runs ORDER BY created_at, run_id"
-            )
-            return [self._run_info(r) for r in cur.fetchall()]
+        """Every run, oldest first; TamperedJournal for a row that does not read (a listing
+        that must show the others reads `listing`)."""
+        return self._select_runs()[0]
 
     def children(self, run_id: str) -> list[RunInfo]:
-        with self._read() as cur:
-            cur.execute(
-                self._q(
-                    "SELECT run_id, parent_run_id, fork_seq, root_run_id, scenario, created_at,"
-                    " label FROM runs WHERE parent_run_id = ? ORDER BY created_at, run_id"
-                ),
-                (run_id,),
-            )
-            return [self._run_info(r) for r in cur.fetchall()]
+        """The runs forked from this one, oldest first."""
+        return self._select_runs(" WHERE parent_run_id = ?", (run_id,))[0]
+
+    def listing(self) -> tuple[list[RunInfo], list[UnreadableRun]]:
+        """For a listing of runs: every run that reads, oldest first, and every runs row that
+        does not (a cell retyped by hand), in the same order; one bad row does not hide the
+        others. Any reader that addresses such a run still fails with TamperedJournal."""
+        return self._select_runs(lenient=True)
 
     def lineage(self, run_id: str) -> list[Segment]:
         """Root-first segments whose events make up this run's history."""
@@ -1095,7 +1137,8 @@ class Journal:
                 ) from e
             if _is_fk_violation(e):
                 raise UnknownRun(f"unknown run id {run_id!r} (see `car runs`)") from e
-            raise JournalError(
+            failed = JournalBusy if _is_busy(e) else JournalError
+            raise failed(
                 f"append to run {run_id!r} in {self._where()} failed: {_first_line(e)}"
             ) from e
         self._head_hash[run_id] = (seq - 1, prev)
@@ -1873,6 +1916,56 @@ def _is_unique_violation(e: BaseException) -> bool:
         or "row already exists" in text  # the journal's own no-rewrite trigger (SQLite)
         or (getattr(e, "sqlstate", None) == "23505")
     )
+
+
+# PostgreSQL's SQLSTATEs for "another transaction is in the way": lock_not_available (a
+# lock_timeout), serialization_failure, deadlock_detected
+_BUSY_SQLSTATES = frozenset({"55P03", "40001", "40P01"})
+
+
+def _run_problem(row: Sequence[Any]) -> tuple[str, Any, str] | None:
+    """(column, cell, what it should be) of a runs row's cell that is not what a run holds,
+    None for a row that reads as a run."""
+    bad: tuple[str, Any, str] | None = None
+    for i, col in ((0, "run_id"), (3, "root_run_id"), (4, "scenario"), (6, "label")):
+        if not isinstance(row[i], str):
+            bad = (col, row[i], "text")
+    if row[1] is not None and not isinstance(row[1], str):
+        bad = ("parent_run_id", row[1], "text")
+    if row[2] is not None and type(row[2]) is not int:
+        bad = ("fork_seq", row[2], "an integer")
+    if bad is None:
+        try:
+            dt.datetime.fromisoformat(row[5])
+        except (TypeError, ValueError):
+            bad = ("created_at", row[5], "an ISO 8601 time")
+    return bad
+
+
+def _text_or_bytes(raw: bytes) -> str | bytes:
+    """A SQLite TEXT cell as str, or its bytes when they are not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+def _as_text(cell: Any) -> str:
+    """A cell as text for naming it: bytes decoded with escapes, anything else as str."""
+    if isinstance(cell, bytes | bytearray | memoryview):
+        return bytes(cell).decode("utf-8", "backslashreplace")
+    return str(cell)
+
+
+def _is_busy(e: BaseException) -> bool:
+    """Whether a driver error says the database was locked by another connection (SQLite's
+    SQLITE_BUSY and SQLITE_LOCKED with their extended codes; PostgreSQL's lock timeout,
+    serialization failure and deadlock): nothing was done, and trying again may succeed."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    state = getattr(e, "sqlstate", None) or getattr(getattr(e, "orig", None), "sqlstate", None)
+    return state in _BUSY_SQLSTATES
 
 
 def _is_fk_violation(e: BaseException) -> bool:

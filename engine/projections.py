@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from engine import events as ev
-from engine.journal import Journal, RunInfo
+from engine.journal import Journal, RunInfo, UnreadableRun
 from engine.policies.base import ChatLine
 from engine.public import PublicRun, public_state, public_view
 from engine.state import State, edit_transcript, next_agent, shown_state
@@ -27,7 +27,11 @@ def fork_step(j: Journal, info: RunInfo) -> int | None:
     return None
 
 
-def run_summary(j: Journal, info: RunInfo, depth: int = 0) -> dict[str, Any]:
+def run_summary(
+    j: Journal, info: RunInfo, depth: int = 0, branches: int | None = None
+) -> dict[str, Any]:
+    """One run as `car runs` and `car show` describe it; `branches` is its number of forks
+    when the caller has counted them (else they are looked up)."""
     status = j.status(info.run_id)
     outcome = _outcome_of(j, info.run_id) if status not in ("recording", "paused") else None
     return {
@@ -39,7 +43,7 @@ def run_summary(j: Journal, info: RunInfo, depth: int = 0) -> dict[str, Any]:
         "steps": j.steps(info.run_id),
         "status": status,
         "outcome": outcome,
-        "branches": len(j.children(info.run_id)),
+        "branches": len(j.children(info.run_id)) if branches is None else branches,
         "depth": depth,
         "label": info.label,
     }
@@ -54,25 +58,30 @@ def _outcome_of(j: Journal, run_id: str) -> dict[str, Any] | None:
     return None
 
 
-def list_runs(j: Journal, *, include_branches: bool, limit: int) -> list[dict[str, Any]]:
-    all_runs = j.runs()
-    roots = [r for r in all_runs if r.parent_run_id is None][-limit:] if limit else []
-    if not include_branches:
-        return [run_summary(j, r) for r in roots]
+def list_runs(
+    j: Journal, *, include_branches: bool, limit: int
+) -> tuple[list[dict[str, Any]], list[UnreadableRun]]:
+    """The root runs (the newest `limit`), each followed by its branches with
+    `include_branches`; and the runs rows that do not read (a cell retyped by hand), left out
+    with every branch under them, so that one tampered row hides no other run."""
+    all_runs, unreadable = j.listing()
     by_parent: dict[str, list[RunInfo]] = {}
     for r in all_runs:
         if r.parent_run_id is not None:
             by_parent.setdefault(r.parent_run_id, []).append(r)
+    roots = [r for r in all_runs if r.parent_run_id is None][-limit:] if limit else []
     rows: list[dict[str, Any]] = []
 
     def walk(info: RunInfo, depth: int) -> None:
-        rows.append(run_summary(j, info, depth))
-        for c in by_parent.get(info.run_id, []):
-            walk(c, depth + 1)
+        children = by_parent.get(info.run_id, [])
+        rows.append(run_summary(j, info, depth, len(children)))
+        if include_branches:
+            for c in children:
+                walk(c, depth + 1)
 
     for r in roots:
         walk(r, 0)
-    return rows
+    return rows, unreadable
 
 
 def branch_tree(j: Journal, run_id: str) -> dict[str, Any]:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from engine.commands.common import JsonOpt, emit_json, fail, journal_target, open_journal, out
+
+if TYPE_CHECKING:
+    from engine.journal import RunInfo, UnreadableRun
 
 KeyFileOpt = Annotated[
     Path | None,
@@ -77,26 +80,38 @@ def runs_cmd(
 
     A run whose writer process died before it ended shows as `abandoned`; `--close-stale`
     closes such runs in the journal (appending, like everything else), after which they can be
-    forked and accused."""
+    forked and accused. A run whose row was tampered with (a cell retyped by hand) is left out
+    and named on stderr; `car verify` reports it."""
     from engine import projections as views
 
     closed: list[dict[str, str]] = []
     if close_stale:
         with open_journal(create=False) as j:
-            for info in j.runs():
+            infos, _ = j.listing()
+            readable = {info.run_id: info for info in infos}
+            for info in infos:
+                if not _reachable(info, readable):
+                    continue  # a branch of a tampered run: its history does not read
                 if j.status(info.run_id) == "abandoned":
                     closed.append({"run_id": info.run_id, "reason": j.close_abandoned(info.run_id)})
     with open_journal(create=False, readonly=True) as j:
-        rows = views.list_runs(j, include_branches=all_, limit=limit)
+        # one tampered row must not hide every other run: it is left out and named
+        rows, unreadable = views.list_runs(j, include_branches=all_, limit=limit)
+    _warn_unreadable(unreadable)
     if as_json:
-        emit_json({"closed": closed, "runs": rows} if close_stale else rows)
+        if close_stale:
+            ids = [u.run_id for u in unreadable]
+            emit_json({"closed": closed, "runs": rows, "unreadable": ids})
+        else:
+            emit_json(rows)
         return
     for c in closed:
         out.print(f"closed {c['run_id']}: {c['reason']}", highlight=False)
     if close_stale and not closed:
         out.print("no abandoned runs", highlight=False)
     if not rows:
-        out.print("no runs yet: record one with `car heist`", highlight=False)
+        if not unreadable:
+            out.print("no runs yet: record one with `car heist`", highlight=False)
         return
     from rich.table import Table
 
@@ -127,6 +142,29 @@ def runs_cmd(
         out.print(
             "abandoned: the writer process is gone; close with `car runs --close-stale`",
             highlight=False,
+        )
+
+
+def _reachable(info: RunInfo, readable: dict[str, RunInfo]) -> bool:
+    """Whether every ancestor of the run is among the readable runs."""
+    seen: set[str] = set()
+    while info.parent_run_id is not None and info.run_id not in seen:
+        seen.add(info.run_id)
+        parent = readable.get(info.parent_run_id)
+        if parent is None:
+            return False
+        info = parent
+    return info.parent_run_id is None
+
+
+def _warn_unreadable(unreadable: list[UnreadableRun]) -> None:
+    """One line on stderr per run whose row a listing left out (also beside --json)."""
+    from engine.terminal import printable
+
+    for u in unreadable:
+        sys.stderr.write(
+            f"warning: run {printable(u.run_id)} has a tampered {u.column} cell and is not"
+            " listed (see `car verify`)\n"
         )
 
 

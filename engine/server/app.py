@@ -17,7 +17,9 @@ Routes (all JSON unless said otherwise; `session_id` is a run id or a unique pre
   GET  /                             the dashboard; GET /docs the OpenAPI page
 
 Errors are JSON `{"error": "...", ...}`: 404 names the unknown session, 422 a bad body or value,
-409 an action that does not apply to the run as it is, 429 when every recording slot is taken.
+409 an action that does not apply to the run as it is, 429 when every recording slot is taken,
+503 (with Retry-After) when another writer held the journal's lock too long: nothing was
+written, and the same request may be tried again.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import ConfigError, EngineError, InterventionError, UnknownRun
+from engine.errors import ConfigError, EngineError, InterventionError, JournalBusy, UnknownRun
 from engine.events import not_journalable_text
 from engine.executors.base import ExecutorOptions
 from engine.journal import Journal
@@ -56,6 +58,8 @@ FORK_OPS = ("resample", "action", "observation", "context", "policy")
 MAX_BRANCHES = 200
 #: the journal's seqs are SQLite / PostgreSQL 64-bit integers
 MAX_SEQ = 2**63 - 1
+#: seconds a client is told to wait (Retry-After) when the journal was busy
+BUSY_RETRY_AFTER_S = 2
 #: forward runs of fork and attribution run in threads here, never in forked processes: a
 #: fork of this many-threaded process would copy whatever lock another thread holds
 THREADS_ONLY = ExecutorOptions(processes=False)
@@ -101,6 +105,16 @@ def error_response(
     """Every error of the API: `{"error": "...", ...}`."""
     return JSONResponse(
         _renderable({"error": message, **extra}), status_code=status, headers=headers
+    )
+
+
+def busy_response(exc: JournalBusy) -> JSONResponse:
+    """503 for a journal that another writer kept locked: nothing of the request was written,
+    and it may succeed when tried again (Retry-After, in seconds)."""
+    return error_response(
+        503,
+        f"{exc} (the journal is busy: try again in {BUSY_RETRY_AFTER_S} s)",
+        headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
     )
 
 
@@ -230,7 +244,15 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
+        if isinstance(exc.__cause__, JournalBusy):
+            # a route that maps the engine's errors (409, ...) met a busy journal: that is
+            # no answer about the run, only "not now"
+            return busy_response(exc.__cause__)
         return error_response(exc.status, exc.message, **exc.extra)
+
+    @app.exception_handler(JournalBusy)
+    async def _busy(_req: Request, exc: JournalBusy) -> JSONResponse:
+        return busy_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_req: Request, exc: RequestValidationError) -> JSONResponse:

@@ -79,7 +79,9 @@ def _ending(
     return outcome, verdict, error
 
 
-def session_summary(journal: Journal, info: RunInfo) -> dict[str, Any]:
+def session_summary(journal: Journal, info: RunInfo, branches: int | None = None) -> dict[str, Any]:
+    """One run of a listing; `branches` is its number of forks when the caller has counted
+    them (else they are looked up)."""
     started: dict[str, Any] = {}
     for _seq, e in public_events(journal, info.run_id):
         if e["kind"] == "run_started":
@@ -98,21 +100,28 @@ def session_summary(journal: Journal, info: RunInfo) -> dict[str, Any]:
         if outcome is None
         else {"bad": outcome.get("bad"), "score": outcome.get("score")},
         "verdict": verdict,
-        "branches": len(journal.children(info.run_id)),
+        "branches": len(journal.children(info.run_id)) if branches is None else branches,
     }
 
 
 def list_sessions(journal: Journal, limit: int, offset: int) -> dict[str, Any]:
     """Root runs of heists, newest first, one page (the journal holds other runs too: the
-    detector's journaled LLM calls, recorded programs)."""
-    roots = [r for r in journal.runs() if r.parent_run_id is None and r.scenario == HEIST]
+    detector's journaled LLM calls, recorded programs). A runs row that was tampered with is
+    left out of the page and named in `unreadable`, so that one bad row hides no other run."""
+    infos, unreadable = journal.listing()
+    roots = [r for r in infos if r.parent_run_id is None and r.scenario == HEIST]
     roots.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
     page = roots[offset : offset + limit]
+    forks: dict[str, int] = {}
+    for r in infos:
+        if r.parent_run_id is not None:
+            forks[r.parent_run_id] = forks.get(r.parent_run_id, 0) + 1
     return {
         "total": len(roots),
         "limit": limit,
         "offset": offset,
-        "sessions": [session_summary(journal, r) for r in page],
+        "sessions": [session_summary(journal, r, forks.get(r.run_id, 0)) for r in page],
+        "unreadable": [u.run_id for u in unreadable],
     }
 
 
