@@ -184,6 +184,22 @@ class _Hostile(BaseHTTPRequestHandler):
         elif mode == "gzip":
             self._send(200, gzip.compress(json.dumps(_completion("zipped")).encode()),
                        Content_Encoding="gzip")  # fmt: skip
+        elif mode == "wide":  # a stream of `arg` three-byte characters, 1000 an event
+            self._sse_head()
+            self._sse(_chunk({"role": "assistant", "content": ""}))
+            for i in range(0, int(arg), 1000):
+                self._sse(_chunk({"content": "\u20ac" * min(1000, int(arg) - i)}))
+            self._sse(_chunk({}, "stop"))
+            self._sse(b"data: [DONE]\n\n")
+            self._sse(b"")
+        elif mode == "gzipcut":  # half a gzip body, Content-Length and all
+            zipped = gzip.compress(json.dumps(_completion("zipped")).encode())
+            self._send(200, zipped[: len(zipped) // 2], Content_Encoding="gzip")
+        elif mode == "gzipbad":  # a gzip header, then no deflate data
+            bad = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage-garbage"
+            self._send(200, bad, Content_Encoding="gzip")
+        elif mode == "brotli":  # an encoding nobody asked for
+            self._send(200, b"xx", Content_Encoding="br")
         elif mode == "endless":  # a stream that never ends
             self._sse_head()
             while not release.is_set():
@@ -397,6 +413,8 @@ def test_timeout_bounds_the_whole_call(
         (("hugechunked:1000000",), (), "sent a reply larger than the limit of 262144 bytes"),
         (("gzipbomb",), (), "sent a reply larger than the limit of 262144 bytes"),
         (("--stream", "endless"), (), "streamed a reply larger than the limit of 262144 bytes"),
+        # 30000 characters, but 90000 bytes of UTF-8
+        (("--stream", "wide:30000"), ("--max-reply-bytes", "65536"), "the limit of 65536 bytes"),
         (("huge:100000",), ("--max-reply-bytes", "65536"), "the limit of 65536 bytes"),
     ],
 )
@@ -409,8 +427,9 @@ def test_reply_size_is_bounded(
     match: str,
 ) -> None:
     """An upstream reply over --max-reply-bytes (default 256 KiB, like the heist's policy) -
-    announced, chunked, a gzip bomb, or an endless stream - fails its call with one line and
-    the run with it; nothing of it is journaled."""
+    announced, chunked, a gzip bomb, an endless stream, or a stream whose text is fewer
+    characters than the bound but more UTF-8 bytes - fails its call with one line and the run
+    with it; nothing of it is journaled."""
     r = record(tmp_path / "j.db", upstream, program, *calls, opts=opts)
     assert r.returncode == 1
     (printed,) = _printed(r)
@@ -434,6 +453,45 @@ def test_replies_within_the_bound_pass(
     assert status == "completed"
     calls = [e for e in events if isinstance(e, ev.LlmCall)]
     assert [len(c.response) for c in calls] == [200000, 6]
+
+
+@pytest.mark.parametrize(
+    ("mode", "match"),
+    [
+        ("gzipcut", "sent a truncated gzip body"),
+        ("gzipbad", "sent a corrupt gzip body: Error -3 while decompressing data"),
+        ("brotli", "sent a reply in an unsupported encoding 'br'"),
+    ],
+)
+def test_a_reply_in_a_broken_encoding_fails_the_call(
+    tmp_path: Path, upstream: HostileUpstream, program: str, mode: str, match: str
+) -> None:
+    """A compressed reply that stops inside its gzip stream, is no gzip data, or comes in an
+    encoding the request did not offer is a 502 for the program and one line for car; the
+    run is failed and nothing is journaled."""
+    r = record(tmp_path / "j.db", upstream, program, mode)
+    assert r.returncode == 1
+    (printed,) = _printed(r)
+    assert printed.startswith("error 502 InternalServerError") and match in printed
+    assert match in _one_error_line(r, upstream)
+    status, events = _only_run(tmp_path / "j.db")
+    assert status == "failed"
+    assert not any(isinstance(e, ev.LlmCall) for e in events)
+
+
+def test_a_stream_within_the_bound_in_bytes_passes(
+    tmp_path: Path, upstream: HostileUpstream, program: str
+) -> None:
+    """A stream's bound counts the UTF-8 bytes of its text, not the bytes of its events: 20000
+    three-byte characters (60000 bytes, sent as 120000 bytes of `\\u20ac` escapes) pass a
+    65536-byte bound and are journaled whole."""
+    opts = ("--max-reply-bytes", "65536")
+    r = record(tmp_path / "j.db", upstream, program, "--stream", "wide:20000", opts=opts)
+    assert r.returncode == 0, r.stderr
+    assert _printed(r) == ["ok " + json.dumps("\u20ac" * 40)]
+    status, events = _only_run(tmp_path / "j.db")
+    assert status == "completed"
+    assert [e.response for e in events if isinstance(e, ev.LlmCall)] == ["\u20ac" * 20000]
 
 
 def test_a_completion_for_a_streamed_request_is_streamed_on(

@@ -93,7 +93,7 @@ def record_cmd(
             "--max-reply-bytes",
             min=1024,
             max=64 * 1024 * 1024,
-            help="Largest upstream reply accepted, also after gzip (a stream: its text).",
+            help="Largest upstream reply in bytes, also after gzip (a stream: its text in UTF-8).",
         ),
     ] = 256 * 1024,
     as_json: JsonOpt = False,

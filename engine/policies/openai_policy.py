@@ -10,7 +10,8 @@ through a client library, to hold three promises a library does not make (docs/d
   every retry - enforced by a watchdog that shuts the socket down when it passes, so a server
   trickling one byte a second cannot stretch it;
 * a reply is at most `max_reply_bytes` on the wire and after decompression (a gzip bomb is cut
-  off when its output passes the bound, not after it was inflated);
+  off when its output passes the bound, not after it was inflated), read by the reader the
+  recording proxy uses too (engine.policies.bounded_reply);
 * every field that reaches an event is type-checked and bounded by one msgspec Struct before
   a `Completion` is built; anything else is a `PolicyError` quoting what was received.
 """
@@ -26,13 +27,20 @@ import ssl
 import threading
 import time
 import urllib.parse
-import zlib
 from typing import Annotated, Any
 
 import msgspec
 
 from engine.errors import ConfigError, PolicyError
 from engine.policies.base import AgentView, Completion, PolicyCancelled
+from engine.policies.bounded_reply import (
+    ReplyFault,
+    ReplyTooLarge,
+    ShortBody,
+    TruncatedBody,
+    UnsupportedEncoding,
+    bounded_body,
+)
 
 DEFAULT_BASE_URL = "http://localhost:1234/v1"
 DEFAULT_MAX_REPLY_BYTES = 256 * 1024
@@ -43,7 +51,6 @@ MAX_REPLY_BYTES_LIMIT = 64 * 1024 * 1024
 MIN_REPLY_BYTES = 1024
 # Usage counts beyond this are not counts a server could have meant.
 MAX_USAGE_COUNT = 10**9
-_READ_CHUNK = 16 * 1024
 _RETRY_STATUSES = frozenset({408, 409, 429})
 _BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
 
@@ -269,53 +276,19 @@ class OpenAIPolicy:
         conn.endheaders(body)
         resp = conn.getresponse()
         limit = self.max_reply_bytes
-        length = resp.getheader("Content-Length")
-        if length is not None and length.strip().isdigit() and int(length) > limit:
-            raise _Fault(
-                f"sent a reply of {int(length)} bytes, more than the limit of {limit} "
-                "(max_reply_bytes)",
-                retry=False,
-            )
-        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
         try:
-            inflater = reply_inflater(encoding)
-        except ValueError:
-            raise _Fault(
-                f"sent a reply in an unsupported encoding {_clip(encoding)!r}", retry=False
-            ) from None
-        out = bytearray()
-        wire = 0
-        while True:
-            chunk = resp.read(_READ_CHUNK)
-            if not chunk:
-                break
-            wire += len(chunk)
-            if wire > limit:
-                raise _Fault(_too_big(limit), retry=False)
-            if inflater is None:
-                out += chunk
-            else:
-                _inflate(inflater, chunk, out, limit)
-            if len(out) > limit:
-                raise _Fault(_too_big(limit), retry=False)
-        if resp.length:  # the connection closed before the declared Content-Length
-            raise http.client.IncompleteRead(bytes(out[:0]), resp.length)
-        if inflater is not None:
-            try:
-                out += inflater.flush(limit + 1 - len(out))
-            except zlib.error as e:
-                raise _Fault(f"sent a corrupt {encoding} body: {e}", retry=False) from e
-            if not inflater.eof and len(out) <= limit:
-                raise _Fault(f"sent a corrupt or truncated {encoding} body", retry=False)
-            if len(out) > limit:
-                raise _Fault(_too_big(limit), retry=False)
+            out = b"".join(bounded_body(resp, limit))
+        except ShortBody as e:  # the connection closed before the declared Content-Length
+            raise http.client.IncompleteRead(b"", e.missing) from None
+        except ReplyFault as e:
+            raise _Fault(_refused(e, limit), retry=False) from e
         status = resp.status
         retry_after = _retry_after(resp.getheader("Retry-After"))
         if status != 200:
-            message = f"answered HTTP {status}: {error_text(bytes(out))}"
+            message = f"answered HTTP {status}: {error_text(out)}"
             retry = status in _RETRY_STATUSES or status >= 500
             raise _Fault(message, retry=retry, retry_after=retry_after)
-        return status, bytes(out)
+        return status, out
 
     # ------------------------------------------------------------------ the reply
 
@@ -348,18 +321,6 @@ class OpenAIPolicy:
 # ---------------------------------------------------------------------- helpers
 
 
-def reply_inflater(encoding: str) -> Any:
-    """A decompressor for a reply's Content-Encoding (lower case), None for none; ValueError
-    for an encoding no reply here may use (the request asks for gzip or deflate only)."""
-    if encoding in ("gzip", "x-gzip"):
-        return zlib.decompressobj(16 + zlib.MAX_WBITS)
-    if encoding == "deflate":
-        return zlib.decompressobj()
-    if encoding in ("identity", ""):
-        return None
-    raise ValueError(encoding)
-
-
 def _bounded_float(
     name: str, value: Any, low: float, high: float, *, low_open: bool = False
 ) -> float:
@@ -390,19 +351,20 @@ def _bounded_int(name: str, value: Any, low: int, high: int) -> int:
     return value
 
 
-def _inflate(inflater: Any, chunk: bytes, out: bytearray, limit: int) -> None:
-    """Inflate `chunk` into `out`, never producing more than one byte past `limit`."""
-    data = chunk
-    try:
-        while data and len(out) <= limit:
-            out += inflater.decompress(data, limit + 1 - len(out))
-            data = inflater.unconsumed_tail
-    except zlib.error as e:
-        raise _Fault(f"sent a corrupt compressed body: {e}", retry=False) from e
-
-
-def _too_big(limit: int) -> str:
-    return f"sent a reply larger than the limit of {limit} bytes (max_reply_bytes)"
+def _refused(fault: ReplyFault, limit: int) -> str:
+    """What a reply that broke its bounds or its encoding did, as this policy says it."""
+    if isinstance(fault, ReplyTooLarge):
+        if fault.announced is not None:
+            return (
+                f"sent a reply of {fault.announced} bytes, more than the limit of {limit} "
+                "(max_reply_bytes)"
+            )
+        return f"sent a reply larger than the limit of {limit} bytes (max_reply_bytes)"
+    if isinstance(fault, UnsupportedEncoding):
+        return f"sent a reply in an unsupported encoding {_clip(fault.encoding)!r}"
+    if isinstance(fault, TruncatedBody):
+        return f"sent a corrupt or truncated {fault.encoding} body"
+    return f"sent {fault}"  # a corrupt body
 
 
 def _shutdown(sock: socket.socket) -> None:

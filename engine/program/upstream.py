@@ -7,9 +7,10 @@ heist's policy holds (engine.policies.openai_policy):
   of the body or of the stream - enforced by a watchdog that shuts the socket down when it
   passes, so a server trickling one byte at a time cannot stretch it;
 * a reply is at most `max_reply_bytes`: a body on the wire and after decompression (a gzip
-  bomb is cut off as it passes the bound); a stream's text and tool calls as assembled, its
-  events (their JSON envelopes included, some 200 bytes a token) at most `STREAM_ENVELOPE`
-  times that, and no single event over the bound;
+  bomb is cut off as it passes the bound; engine.policies.bounded_reply reads it, as it does
+  for the heist's policy); a stream's text and tool calls as assembled, in UTF-8 bytes (what
+  is journaled), its events (their JSON envelopes included, some 200 bytes a token) at most
+  `STREAM_ENVELOPE` times that on the wire, and no single event over the bound;
 * `abort` ends every call in flight at once: a proxy whose program was stopped does not wait on
   a model that is still thinking.
 
@@ -30,23 +31,21 @@ import socket
 import threading
 import time
 import urllib.parse
-import zlib
 from collections.abc import Iterator
 
 from engine.errors import ConfigError, EngineError
+from engine.policies.bounded_reply import ReplyFault, ReplyTooLarge, ShortBody, bounded_body
 from engine.policies.openai_policy import (
     DEFAULT_MAX_REPLY_BYTES,
     MAX_REPLY_BYTES_LIMIT,
     MAX_TIMEOUT_S,
     MIN_REPLY_BYTES,
-    reply_inflater,
 )
 
 DEFAULT_TIMEOUT = 600.0
 #: How many times `max_reply_bytes` a stream's events may take on the wire: each token of a
 #: streamed reply comes wrapped in a JSON chunk of about 200 bytes.
 STREAM_ENVELOPE = 16
-_READ_CHUNK = 16 * 1024
 
 
 #: seconds a watchdog waits for the next call before it leaves
@@ -315,63 +314,32 @@ class Reply:
         decompression; UpstreamError when it is more, is cut short or takes too long."""
         resp = self.resp
         assert resp is not None
-        length = (resp.getheader("Content-Length") or "").strip()
-        if length.isdigit() and int(length) > limit:
-            raise self._too_big(limit, f"a reply of {int(length)} bytes,")
-        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
         try:
-            inflater = reply_inflater(encoding)
-        except ValueError:
-            raise UpstreamError(
-                f"upstream {self.up.url} sent a reply in an unsupported encoding {encoding[:40]!r}"
-            ) from None
-        wire = out = 0
-        while True:
-            try:
-                piece = resp.read1(_READ_CHUNK)
-            except (OSError, http.client.HTTPException, ValueError) as e:
-                raise self.fault(e, "dropped the connection mid-reply") from e
-            if not piece:
-                break
-            wire += len(piece)
-            if wire > limit:
-                raise self._too_big(limit)
-            if inflater is not None:
-                try:
-                    piece = inflater.decompress(piece, limit + 1 - out)
-                except zlib.error as e:
-                    raise UpstreamError(
-                        f"upstream {self.up.url} sent a corrupt {encoding} body: {e}"
-                    ) from e
-                if inflater.unconsumed_tail:
-                    raise self._too_big(limit)
-            out += len(piece)
-            if out > limit:
-                raise self._too_big(limit)
-            if piece:
-                yield piece
-        # a watchdog or an abort that shut the socket reads as an early end of the body
+            yield from bounded_body(resp, limit)
+        except ReplyFault as e:
+            # a watchdog or an abort that shut the socket reads as an early end of the body
+            self.check_cut()
+            raise self._refused(e, limit) from e
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise self.fault(e, "dropped the connection mid-reply") from e
         self.check_cut()
-        if resp.length:
-            raise UpstreamError(
-                f"upstream {self.up.url} closed the connection mid-reply "
-                f"({wire} bytes read, {resp.length} more announced)"
-            )
-        if inflater is not None:
-            try:
-                rest = inflater.flush()
-            except zlib.error as e:
-                raise UpstreamError(
-                    f"upstream {self.up.url} sent a corrupt {encoding} body: {e}"
-                ) from e
-            if not inflater.eof:
-                raise UpstreamError(f"upstream {self.up.url} sent a truncated {encoding} body")
-            if out + len(rest) > limit:
-                raise self._too_big(limit)
-            if rest:
-                yield rest
         resp.close()  # the body is read: the connection is free for the thread's next call
         self._complete = True
+
+    def _refused(self, fault: ReplyFault, limit: int) -> UpstreamError:
+        """What a reply that broke its bounds or its encoding did, as the proxy says it."""
+        url = self.up.url
+        if isinstance(fault, ReplyTooLarge):
+            if fault.announced is not None:
+                return self._too_big(limit, f"a reply of {fault.announced} bytes,")
+            return self._too_big(limit)
+        if isinstance(fault, ShortBody):
+            return UpstreamError(
+                f"upstream {url} closed the connection mid-reply "
+                f"({fault.received} bytes read, {fault.missing} more announced)"
+            )
+        # an unsupported encoding, a corrupt or a truncated body: the fault names it
+        return UpstreamError(f"upstream {url} sent {fault}")
 
     def body(self) -> bytes:
         """The whole body (decompressed), bounded by `max_reply_bytes`."""

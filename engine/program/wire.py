@@ -294,7 +294,8 @@ class _FunctionDelta(msgspec.Struct):
 
 class _ToolCallDelta(msgspec.Struct):
     index: int | None = None
-    id: str | None = None
+    # UNSET: the delta has no `id` (only the first delta of a tool call has one)
+    id: str | msgspec.UnsetType | None = msgspec.UNSET
     function: _FunctionDelta | None = None
 
 
@@ -320,6 +321,10 @@ class _Chunk(msgspec.Struct):
     model: str | None = None
     system_fingerprint: str | None = None
     usage: _ChunkUsage | None = None
+    error: Any = None  # an error event: `{"error": {...}}` and no choices
+
+
+_chunk_dec = msgspec.json.Decoder(_Chunk)
 
 
 def _clip(data: bytes, n: int = 80) -> str:
@@ -327,10 +332,20 @@ def _clip(data: bytes, n: int = 80) -> str:
     return repr(text if len(text) <= n else text[:n] + "…")
 
 
+def _utf8_len(text: str) -> int:
+    """The length of `text` in UTF-8 bytes."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 class StreamAssembler:
     """Reads an upstream SSE stream chunk by chunk into one Answer, rewriting tool-call ids
     on the way (each event is handed back, possibly re-encoded, to be relayed). An event that
-    is not a chat-completion chunk is a ValueError saying what is wrong and where."""
+    is not a chat-completion chunk is a ValueError saying what is wrong and where.
+
+    Each event is decoded once, straight into a `_Chunk`, and relayed as it came; only an
+    event that carries tool-call ids (the first delta of each tool call, not every token) is
+    read again as a whole, to relay it with the recorder's ids and every other field as sent.
+    """
 
     def __init__(self, agent: str, ordinal: int) -> None:
         self.agent = agent
@@ -345,7 +360,7 @@ class StreamAssembler:
         self.completion_tokens = 0
         self.had_content = False
         self.done = False  # the stream's `[DONE]` came
-        self.size = 0  # characters of text, tool names and arguments so far
+        self.size = 0  # UTF-8 bytes of text, tool names and arguments so far (as journaled)
 
     @property
     def complete(self) -> bool:
@@ -358,18 +373,14 @@ class StreamAssembler:
             self.done = True
             return data
         try:
-            obj = decode_json(data)
+            chunk = _chunk_dec.decode(data)
+        except msgspec.ValidationError as e:
+            raise _malformed(data, e) from e
         except msgspec.DecodeError as e:
             raise ValueError(f"an event is not JSON ({e}): {_clip(data)}") from e
-        if not isinstance(obj, dict):
-            raise ValueError(f"an event is not a JSON object: {_clip(data)}")
-        if obj.get("error") is not None and not obj.get("choices"):
-            reported = canonical(obj["error"]).encode()
+        if chunk.error is not None and not chunk.choices:
+            reported = canonical(chunk.error).encode()
             raise ValueError(f"the stream reports an error: {_clip(reported, 200)}")
-        try:
-            chunk = msgspec.convert(obj, _Chunk)
-        except msgspec.ValidationError as e:
-            raise ValueError(f"a malformed chunk: {e}") from e
         if chunk.model:
             self.model = chunk.model
         if chunk.system_fingerprint is not None:
@@ -377,28 +388,39 @@ class StreamAssembler:
         if chunk.usage is not None:
             self.prompt_tokens = _int(chunk.usage.prompt_tokens) or self.prompt_tokens
             self.completion_tokens = _int(chunk.usage.completion_tokens) or self.completion_tokens
-        changed = False
-        for choice, raw in zip(chunk.choices or [], obj.get("choices") or [], strict=True):
-            delta = choice.delta or _Delta()
-            if delta.content is not None:
-                self.parts.append(delta.content)
-                self.size += len(delta.content)
-                self.had_content = True
-            raw_calls = (raw.get("delta") or {}).get("tool_calls") or []
-            for tc, raw_tc in zip(delta.tool_calls or [], raw_calls, strict=True):
-                i = _int(tc.index)
-                slot = self.calls.setdefault(i, ["", ""])
-                fn = tc.function or _FunctionDelta()
-                slot[0] += fn.name or ""
-                slot[1] += fn.arguments or ""
-                self.size += len(fn.name or "") + len(fn.arguments or "")
-                if "id" in raw_tc:
-                    raw_tc["id"] = tool_call_id(self.agent, self.ordinal, i)
-                    changed = True
+        ids = False  # a tool call of this event has an `id`: the recorder's replaces it
+        for choice in chunk.choices or ():
+            delta = choice.delta
+            if delta is not None:
+                if delta.content is not None:
+                    self.parts.append(delta.content)
+                    self.size += _utf8_len(delta.content)
+                    self.had_content = True
+                for tc in delta.tool_calls or ():
+                    slot = self.calls.setdefault(_int(tc.index), ["", ""])
+                    fn = tc.function
+                    if fn is not None:
+                        if fn.name:
+                            slot[0] += fn.name
+                            self.size += _utf8_len(fn.name)
+                        if fn.arguments:
+                            slot[1] += fn.arguments
+                            self.size += _utf8_len(fn.arguments)
+                    ids = ids or tc.id is not msgspec.UNSET
             if choice.finish_reason:
                 self.finish = choice.finish_reason
                 self.finished = True
-        return _json_enc.encode(obj) if changed else data
+        return self._with_ids(data) if ids else data
+
+    def _with_ids(self, data: bytes) -> bytes:
+        """The event with the recorder's tool-call ids, every other field as it came (the
+        event was decoded as a `_Chunk` already, so it is a well-formed chunk)."""
+        obj = decode_json(data)
+        for choice in obj["choices"]:
+            for tc in (choice.get("delta") or {}).get("tool_calls") or ():
+                if "id" in tc:
+                    tc["id"] = tool_call_id(self.agent, self.ordinal, _int(tc.get("index")))
+        return _json_enc.encode(obj)
 
     def answer(self) -> Answer:
         return Answer(
@@ -411,6 +433,18 @@ class StreamAssembler:
             fingerprint=self.fingerprint,
             had_content=self.had_content or not self.calls,
         )
+
+
+def _malformed(data: bytes, e: msgspec.ValidationError) -> ValueError:
+    """Why an event that is JSON but no `_Chunk` is refused: not an object, an error report
+    (whose other fields may be anything), or a chunk with a field of the wrong type."""
+    obj = decode_json(data)
+    if not isinstance(obj, dict):
+        return ValueError(f"an event is not a JSON object: {_clip(data)}")
+    if obj.get("error") is not None and not obj.get("choices"):
+        reported = canonical(obj["error"]).encode()
+        return ValueError(f"the stream reports an error: {_clip(reported, 200)}")
+    return ValueError(f"a malformed chunk: {e}")
 
 
 def answer_from_events(call: ev.LlmCall, tools: list[ev.ToolCall]) -> Answer:
