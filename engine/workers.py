@@ -421,6 +421,10 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers]
 
+    def healthy(self) -> bool:
+        """Whether the pool is open and every one of its workers is alive."""
+        return bool(self._workers) and all(w.alive() for w in self._workers)
+
     def run(
         self,
         fn: Callable[[_T], _R],

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from engine.commands.common import fail, journal_target
+
+if TYPE_CHECKING:
+    from engine.executors.local import StandingPool
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8008
@@ -56,6 +59,17 @@ def serve_cmd(
     log_level: Annotated[
         str, typer.Option("--access-log-level", help="uvicorn log level (info shows requests).")
     ] = "warning",
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=0,
+            max=64,
+            help="Worker processes for the sim branches of forks and attributions with "
+            "concurrency > 1, forked once at start (before the server's threads), one request "
+            "at a time; default: CPUs - 1. 0: branches run in the server's threads.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the dashboard and the API (http://127.0.0.1:8008, API docs at /docs)."""
     import socket
@@ -77,6 +91,7 @@ def serve_cmd(
         detect_model=detect_model,
     )
     app = create_app(settings)
+    pool = _standing_pool(workers)
     # bind first, so a taken port is one clear line instead of a uvicorn traceback
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY only on sockets that say they are
@@ -98,4 +113,28 @@ def serve_cmd(
     sys.stderr.flush()
     config = uvicorn.Config(app, log_level=log_level.lower(), timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _standing_pool(workers: int | None) -> StandingPool | None:
+    """The server's worker processes for sim branches, forked here: before the socket is
+    bound (a worker must not hold the port) and before any thread starts. None for 0, or
+    where this process already runs threads (then branches run in threads; said on stderr)."""
+    import os
+    import sys
+
+    from engine.errors import InterventionError
+    from engine.executors.local import start_standing_pool
+
+    n = max(0, (os.cpu_count() or 1) - 1) if workers is None else workers
+    if n == 0:
+        return None
+    try:
+        return start_standing_pool(n)
+    except InterventionError as e:
+        sys.stderr.write(f"car serve: no worker processes ({e}); branches run in threads\n")
+        return None

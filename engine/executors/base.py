@@ -37,9 +37,11 @@ class ExecutorOptions(msgspec.Struct, frozen=True):
     kind: str = "local"
     address: str | None = None
     workers: int | None = None
-    #: local: whether forward runs may go to forked worker processes. A process with threads
-    #: of its own (the server) says no: a fork copies every lock another thread holds at that
-    #: moment, held for good in the child; its forward runs then run in threads.
+    #: local: whether this process may fork worker processes for forward runs. A process
+    #: with threads of its own (the server) says no: a fork copies every lock another thread
+    #: holds at that moment, held for good in the child; its forward runs then go to the
+    #: standing pool it forked before its threads started (engine.executors.local), else to
+    #: threads.
     processes: bool = True
 
     def __post_init__(self) -> None:
@@ -139,10 +141,14 @@ def make_executor(
     if options is not None and not isinstance(options, ExecutorOptions):
         return Borrowed(options)
     if options is None or options.kind == "local":
-        from engine.executors.local import LocalExecutor
+        from engine.executors.local import LocalExecutor, standing_pool
 
         if mode == "processes" and options is not None and not options.processes:
-            mode = "threads"
+            # no fork from here: the standing pool its host forked before its threads, if any
+            standing = standing_pool()
+            if standing is None:
+                return LocalExecutor("threads", concurrency, parent)
+            return LocalExecutor(mode, concurrency, parent, standing=standing)
         return LocalExecutor(mode, concurrency, parent)
     from engine.executors.ray import RayExecutor
 
