@@ -17,6 +17,7 @@ Plan keys (all required):
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -54,9 +55,12 @@ class Outcome(msgspec.Struct, frozen=True):
     plan: dict[str, str]
 
 
-def plan_statements(text: str) -> list[tuple[str, str]]:
-    """The (key, value) pairs stated in one message, in order; keys lower-cased."""
-    return [(m.group(1).lower(), m.group(2)) for m in PLAN_TAG.finditer(text)]
+@functools.lru_cache(maxsize=8192)
+def plan_statements(text: str) -> tuple[tuple[str, str], ...]:
+    """The (key, value) pairs stated in one message, in order; keys lower-cased. Memoised:
+    every turn and every outcome reads the whole conversation again, and a run's branches
+    share its messages."""
+    return tuple((m.group(1).lower(), m.group(2)) for m in PLAN_TAG.finditer(text))
 
 
 def extract_plan(transcript: Sequence[ChatLine]) -> dict[str, str]:
