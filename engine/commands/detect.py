@@ -158,7 +158,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         model: Annotated[str | None, typer.Option("--model", help="llm: model name.")] = None,
         seed: Annotated[
-            int | None, typer.Option("--seed", help="llm: request seed; causal: branch seeds.")
+            int | None,
+            typer.Option(
+                "--seed", min=0, max=2**63 - 1, help="llm: request seed; causal: branch seeds."
+            ),
         ] = None,
         k_max: Annotated[
             int | None, typer.Option("--k-max", min=1, help="causal: runs per agent at most (20).")
@@ -167,7 +170,10 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--fixed", help="causal: run all --k-max per agent, no early stop.")
         ] = False,
         timeout: Annotated[
-            float | None, typer.Option("--timeout", min=0.1, help="llm: seconds for the answer.")
+            float | None,
+            typer.Option(
+                "--timeout", min=0.1, max=24 * 3600.0, help="llm: seconds for the answer."
+            ),
         ] = None,
         concurrency: Annotated[
             int, typer.Option("--concurrency", "-c", min=1, help="causal: forward runs at once.")
@@ -233,16 +239,26 @@ def register(app: typer.Typer) -> None:
         executor: ExecutorOpt = "local",
         ray_address: RayAddressOpt = None,
         workers: WorkersOpt = None,
+        reveal: Annotated[
+            bool,
+            typer.Option(
+                "--reveal",
+                help="--runs: also score games nobody has accused yet (the report shows their "
+                "moles).",
+            ),
+        ] = False,
         as_json: JsonOpt = False,
     ) -> None:
         """Accuracy of the detector over many games: top-1 with a 95% interval vs random,
         AUROC, calibration (Brier, reliability), confusion, cost. Records into --journal, or
-        recordings/detect-eval.db when none is given."""
-        from engine.detect.evaluate import evaluate, record_games
+        recordings/detect-eval.db when none is given. --runs scores recorded games that were
+        accused or recorded by detect-eval (others with --reveal: the report shows moles)."""
+        from engine.detect.evaluate import check_methods, evaluate, record_games
         from engine.journal import Journal
         from engine.policies.registry import make_policy
 
-        methods = method or ["rules"]
+        # every check that can fail comes before the first game is recorded
+        methods = check_methods(method or ["rules"])
         where = executor_options(executor, ray_address, workers)
         causal_opts: dict[str, Any] = {"k_max": k_max} if k_max else {}
         if "causal" in methods:
@@ -258,31 +274,31 @@ def register(app: typer.Typer) -> None:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
         failures: list[str] = []
         with Journal(target, create=not runs) as j, progress() as bar:
-            if runs:
-                run_ids = [j.run(r).run_id for r in runs]
-            else:
-                task = bar.add_task(f"recording {games} games", total=games)
-                run_ids = record_games(
-                    j,
-                    games,
-                    seed=seed,
-                    policy=make_policy(spec),
-                    config_path=config,
-                    rounds=rounds,
-                    server=spec.get("base_url"),
-                    progress=lambda d, t: bar.update(task, completed=d, total=t),
-                    failures=failures,
-                )
-                bar.remove_task(task)
-                if not run_ids:
-                    fail(f"no game completed; first failure: {failures[0]}")
-            task = bar.add_task("detecting", total=len(run_ids) * len(methods))
+            run_ids = _given_runs(j, runs, reveal) if runs else []
             if where is not None and "causal" in methods:
-                # one set of workers for every game, not one per game
+                # one set of workers for every game, not one per game; made (and the journal
+                # checked for it) before the first game is recorded
                 from engine.executors.base import make_executor
 
                 causal_opts["executor"] = make_executor(where, j, concurrency=concurrency)
             try:
+                if not runs:
+                    task = bar.add_task(f"recording {games} games", total=games)
+                    run_ids = record_games(
+                        j,
+                        games,
+                        seed=seed,
+                        policy=make_policy(spec),
+                        config_path=config,
+                        rounds=rounds,
+                        server=spec.get("base_url"),
+                        progress=lambda d, t: bar.update(task, completed=d, total=t),
+                        failures=failures,
+                    )
+                    bar.remove_task(task)
+                    if not run_ids:
+                        fail(f"no game completed; first failure: {failures[0]}")
+                task = bar.add_task("detecting", total=len(run_ids) * len(methods))
                 report = evaluate(
                     j,
                     run_ids,
@@ -303,6 +319,25 @@ def register(app: typer.Typer) -> None:
             emit_json(report)
             return
         _print_eval(report)
+
+
+def _given_runs(journal: Any, runs: list[str], reveal: bool) -> list[str]:
+    """The runs of --runs as full ids: each game once, and (without --reveal) only games whose
+    mole is no secret any more — scoring shows it (confusion table, per-strategy rows)."""
+    from engine.detect.evaluate import unrevealed
+
+    ids = [journal.run(r).run_id for r in runs]
+    twice = next((r for i, r in enumerate(ids) if r in ids[:i]), None)
+    if twice is not None:
+        fail(f"run {twice!r} is given twice: a game is scored once")
+    hidden = [] if reveal else unrevealed(journal, ids)
+    if hidden:
+        more = f" (and {len(hidden) - 1} more)" if len(hidden) > 1 else ""
+        fail(
+            f"run {hidden[0]!r}{more} is a game nobody has accused yet, and scoring it would "
+            "show its mole: accuse it first (`car accuse`), or pass --reveal"
+        )
+    return ids
 
 
 def _table(**options: Any) -> Any:

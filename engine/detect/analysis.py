@@ -13,6 +13,7 @@ which needs the journal's seeds and the right to run the crew again, never the s
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from engine.public import PublicRun, public_view
 METHODS = ("rules", "llm", "rules+llm", "causal", "replay")
 RULE_WEIGHT = 0.6
 LLM_WEIGHT = 0.4
+MAX_SEED = 2**63 - 1  # what the journal stores and the recorder accepts as a seed
+MAX_TIMEOUT_S = 24 * 3600.0  # as for a recording's model calls
 
 
 class DetectError(EngineError):
@@ -77,6 +80,11 @@ def result(
     margin = final[top] - second
     calibrated_as = calibrate_as or method
     conf, calibrated = calibration.confidence(calibrated_as, margin, len(agents), model)
+    # t agents tied at the top score: the suggestion among them is the tiebreak hash's, which
+    # knows nothing of who the mole is, so it is right with probability at most 1/t (the
+    # fitted map only sees the margin, 0 for any tie, and says 0.98 for a six-way one)
+    tied = sum(1 for a in agents if final[a] == final[top])
+    conf = min(conf, 1.0 / tied)
     if not calibrated:
         warnings = [
             *warnings,
@@ -128,6 +136,7 @@ def analyze(
     causal — `k_max`, `k_min`, `batch`, `level`, `sequential`, `seed`, `concurrency`,
     `progress`, `executor` (ExecutorOptions); replay — `progress`."""
     _pick(options)
+    _check_options(options)
     if method not in METHODS:
         raise DetectError(
             f"unknown detection method {method!r}; expected one of: " + ", ".join(METHODS)
@@ -249,6 +258,32 @@ def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k in names and v is not None}
 
 
+def _check_options(options: dict[str, Any]) -> None:
+    """Values a method could only fail on later — after journaling half a detection run, or
+    deep in a socket call — refused before anything is read or written."""
+    seed = options.get("seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
+    ):
+        raise DetectError(f"detection seed must be an integer within 0..{MAX_SEED}, got {seed!r}")
+    timeout = options.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT_S
+    ):
+        raise DetectError(
+            f"detection timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+            f"got {timeout!r}"
+        )
+    max_tokens = options.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise DetectError(f"detection max_tokens must be a positive integer, got {max_tokens!r}")
+
+
 def _with_llm(
     journal: Journal,
     view: PublicRun,
@@ -268,7 +303,8 @@ def _with_llm(
     agents = list(view.agents)
     url = base_url or L.DEFAULT_BASE_URL
     name = model or L.DEFAULT_MODEL
-    seed = int(options.get("seed") or _seed_for(view.run_id))
+    given = options.get("seed")
+    seed = int(given) if given is not None else _seed_for(view.run_id)  # --seed 0 is a seed
     prompt = L.build_prompt(rules, messages, tools, agents)
     answer = None
     parsed = None

@@ -169,7 +169,7 @@ def causal_scores(
     view: PublicRun,
     *,
     k_max: int = K_MAX,
-    k_min: int = K_MIN,
+    k_min: int | None = None,
     batch: int = BATCH,
     level: float = LEVEL,
     sequential: bool = True,
@@ -179,7 +179,10 @@ def causal_scores(
     executor: ExecutorOptions | Executor | None = None,
 ) -> CausalResult:
     """Race the agents' reference swaps (module docstring); `sequential=False` spends
-    `k_max` forward runs on every agent."""
+    `k_max` forward runs on every agent. `k_min` defaults to K_MIN, or to `k_max` when that
+    is smaller: a cap of 2 runs per agent is a cap, not a contradiction of a default."""
+    if k_min is None:
+        k_min = min(K_MIN, k_max)
     if not 1 <= k_min <= k_max:
         raise EngineError(f"causal detection needs 1 <= k_min <= k_max, got {k_min}, {k_max}")
     if not 0.5 < level < 1.0:

@@ -49,6 +49,36 @@ def truth(journal: Journal, run_id: str) -> Truth | None:
     return None
 
 
+def check_methods(methods: Sequence[str]) -> list[str]:
+    """The methods asked for, each once, in order; an unknown one is a DetectError."""
+    for m in methods:
+        if m not in METHODS:
+            raise DetectError(
+                f"unknown detection method {m!r}; expected one of: " + ", ".join(METHODS)
+            )
+    return list(dict.fromkeys(methods))
+
+
+RECORDED_LABEL = "detect-eval"  # the label of the games record_games plays
+
+
+def unrevealed(journal: Journal, runs: Sequence[str]) -> list[str]:
+    """The runs whose game nobody has revealed: neither accused (`car accuse` journals the
+    verdict as the game's last event) nor recorded by an evaluation for scoring. Scoring such a
+    run would show its mole (the confusion table, the per-strategy rows, hit or miss) through
+    a command that is not the reveal. Decided without reading any secret event, so the answer
+    is the same for a game with a mole and one without."""
+    hidden = []
+    for rid in runs:
+        root = journal.run(journal.run(rid).root_run_id)
+        if root.label == RECORDED_LABEL:
+            continue
+        last = journal.last_event(root.run_id)
+        if last is None or last.kind != "suspicion_declared":
+            hidden.append(rid)
+    return hidden
+
+
 @dataclass
 class Game:
     run_id: str
@@ -91,7 +121,7 @@ def record_games(
             rounds=rounds or DEFAULT_ROUNDS,
             config_path=config_path,
             server=server,
-            label="detect-eval",  # never the seed: the seed names the mole
+            label=RECORDED_LABEL,  # never the seed: the seed names the mole
         )
         if r.status != "completed":
             if failures is None:
@@ -115,11 +145,10 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run `methods` on `runs` and score them against the reveal."""
-    for m in methods:
-        if m not in METHODS:
-            raise DetectError(
-                f"unknown detection method {m!r}; expected one of: " + ", ".join(METHODS)
-            )
+    methods = check_methods(methods)
+    if len(set(runs)) != len(runs):
+        twice = next(r for r in runs if runs.count(r) > 1)
+        raise DetectError(f"run {twice!r} is given twice: a game is scored once")
     truths = {rid: truth(journal, rid) for rid in runs}
     if runs and all(t is None for t in truths.values()):
         # nothing to score against: an empty report would read as a result

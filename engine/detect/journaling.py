@@ -38,53 +38,44 @@ def journal_llm_step(
     from engine.version import engine_version
 
     clock = SystemClock()
-    rid = journal.create_run(SCENARIO, label=f"detect {analysed_run} {method}")
-    journal.append(
-        rid,
-        [
-            ev.RunStarted(
-                scenario=SCENARIO,
-                config={"analysed_run": analysed_run, "method": method},
-                agents=[AGENT],
-                policy={"name": "openai", "base_url": base_url, "model": model},
-                root_seed=seed,
-                engine_version=engine_version(),
-                started_at=clock.now_iso(),
-            )
-        ],
-    )
-    journal.append(
-        rid,
-        [
-            ev.LlmCall(
-                step=0,
-                agent=AGENT,
-                request=prompt,
-                seed=seed,
-                model=answer.model if answer is not None else model,
-                response=answer.raw if answer is not None else "",
-                finish_reason=answer.finish_reason if answer is not None else "error",
-                prompt_tokens=answer.prompt_tokens if answer is not None else 0,
-                completion_tokens=answer.completion_tokens if answer is not None else 0,
-                latency_ms=answer.latency_ms if answer is not None else 0.0,
-                server=base_url,
-            )
-        ],
-    )
     outcome: dict[str, Any] = {
         "analysed_run": analysed_run,
         "method": method,
         "llm_scores": scores,
         "warnings": list(warnings),
     }
-    journal.append(
-        rid,
-        [
-            ev.RunEnded(
-                status="failed" if answer is None else "completed",
-                outcome=outcome if answer is not None else {},
-                error=error,
-            )
-        ],
-    )
+    events: list[ev.Event] = [
+        ev.RunStarted(
+            scenario=SCENARIO,
+            config={"analysed_run": analysed_run, "method": method},
+            agents=[AGENT],
+            policy={"name": "openai", "base_url": base_url, "model": model},
+            root_seed=seed,
+            engine_version=engine_version(),
+            started_at=clock.now_iso(),
+        ),
+        ev.LlmCall(
+            step=0,
+            agent=AGENT,
+            request=prompt,
+            seed=seed,
+            model=answer.model if answer is not None else model,
+            response=answer.raw if answer is not None else "",
+            finish_reason=answer.finish_reason if answer is not None else "error",
+            prompt_tokens=answer.prompt_tokens if answer is not None else 0,
+            completion_tokens=answer.completion_tokens if answer is not None else 0,
+            latency_ms=answer.latency_ms if answer is not None else 0.0,
+            server=base_url,
+        ),
+        ev.RunEnded(
+            status="failed" if answer is None else "completed",
+            outcome=outcome if answer is not None else {},
+            error=error,
+        ),
+    ]
+    # every event encoded (and checked) before the run exists, and the three appended in one
+    # transaction: an event the journal refuses leaves no run behind, not an abandoned one
+    payloads = [ev.encode_checked(e) for e in events]
+    rid = journal.create_run(SCENARIO, label=f"detect {analysed_run} {method}")
+    journal.append(rid, events, payloads=payloads)
     return rid

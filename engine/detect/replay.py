@@ -121,12 +121,14 @@ def replay_scores(
     n = dict.fromkeys(agents, 0)
     hit = dict.fromkeys(agents, 0)
     failed = 0
+    last_error = ""
     for i, (state, seed, recorded) in enumerate(steps):
         rv = views.from_state(state, view.run_id)
         try:
             new = inner.decide(rv, render_messages(rv), seed).text
-        except PolicyError:
+        except PolicyError as e:
             failed += 1
+            last_error = str(e)
             continue
         same = new == recorded or (
             normalise(new) == normalise(recorded) and _calls(new) == _calls(recorded)
@@ -136,6 +138,10 @@ def replay_scores(
             hit[rv.agent] += int(same)
         if progress is not None:
             progress(i + 1, len(steps))
+    if failed == len(steps):
+        # no agent was re-executed once: every score would be a tie of "no evidence", and the
+        # tiebreak would be suggested as if it had been measured
+        raise EngineError(f"every re-executed step failed ({failed} of {len(steps)}): {last_error}")
     result = ReplayResult(agents, n, hit, failed)
     if failed:
         result.warnings.append(f"{failed} steps could not be re-executed (policy errors)")
