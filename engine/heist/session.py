@@ -37,6 +37,10 @@ DEFAULT_ROUNDS = 4
 SCENARIO = "heist"
 
 
+#: scenarios rebuilt from a RunStarted, by its crew, world seed and rounds (`from_state`)
+_built: dict[bytes, HeistScenario] = {}
+
+
 class HeistScenario(SteppedForks):
     """The heist as an `engine.scenario.SteppedScenario`: views, prompts, tools and the outcome
     rule; its forks and forward runs are the core loop's (engine.branching.SteppedForks).
@@ -65,12 +69,22 @@ class HeistScenario(SteppedForks):
 
     @classmethod
     def from_state(cls, state: State) -> HeistScenario:
-        """Rebuild the scenario of a recorded run from its folded RunStarted."""
+        """Rebuild the scenario of a recorded run from its folded RunStarted (once per
+        process and RunStarted: every branch of a run rebuilds the same one, and a scenario
+        is a frozen value - its world, its crew and a toolbox over files that never change)."""
         if state.scenario != SCENARIO:
             raise JournalError(f"run is a {state.scenario!r} run, not a heist")
         cfg = state.config
+        key = msgspec.msgpack.encode([cfg.get("crew"), cfg.get("world_seed"), cfg.get("rounds")])
+        hit = _built.get(key)
+        if hit is not None and hit.toolbox.ready():
+            return hit
         config = msgspec.convert(cfg["crew"], HeistConfig)
-        return cls(config, int(cfg["world_seed"]), int(cfg["rounds"]))
+        scenario = cls(config, int(cfg["world_seed"]), int(cfg["rounds"]))
+        if len(_built) >= 64:
+            _built.clear()
+        _built[key] = scenario
+        return scenario
 
     def view(self, state: State, run_id: str) -> AgentView:
         agent = self.agents[state.step % len(self.agents)]

@@ -654,6 +654,11 @@ class Toolbox:
         self.files_dir = folder / "files"
         self.db_path = folder / "security.db"
 
+    def ready(self) -> bool:
+        """Whether its materialised files are still there (a long-lived process may outlive
+        a cleaned-up temporary folder; a new Toolbox materialises them again)."""
+        return (self.folder / "complete").is_file()
+
     def run(self, name: str, param: str) -> ToolResult:
         """Run tool `name` on `param`; every failure is a failed result, never an exception."""
         if not isinstance(name, str) or not isinstance(param, str):
