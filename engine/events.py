@@ -69,11 +69,22 @@ class RunStarted(Event, frozen=True, tag="run_started"):
 
 
 class MoleAssigned(Event, frozen=True, tag="mole_assigned"):
-    """Secret: the mole and its strategy. Detectors never read this kind."""
+    """Secret: the mole and its strategy. Detectors never read this kind. A game without a
+    mole journals one all the same, with `agent` "" (`NO_MOLE`): whether a game has a mole is
+    part of the secret, and the event's presence (and every later seq) then tells nothing."""
 
     agent: str
     strategy: str
     instructions: str
+
+    @property
+    def none(self) -> bool:
+        """Whether this is the secret of a game without a mole."""
+        return self.agent == ""
+
+
+#: The secret event of a game without a mole.
+NO_MOLE = MoleAssigned(agent="", strategy="", instructions="")
 
 
 class LlmCall(Event, frozen=True, tag="llm_call"):

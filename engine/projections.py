@@ -114,7 +114,10 @@ def transcript_lines(j: Journal, run_id: str, *, reveal: bool = False) -> list[s
         elif isinstance(e, ev.Control):
             lines.append(f"--- control: {e.action} {e.reason}".rstrip())
         elif isinstance(e, ev.MoleAssigned) and reveal:
-            lines.append(f"--- secret: mole={e.agent} strategy={e.strategy}")
+            if e.none:
+                lines.append("--- secret: no mole")
+            else:
+                lines.append(f"--- secret: mole={e.agent} strategy={e.strategy}")
         elif isinstance(e, ev.SuspicionDeclared):
             lines.append(
                 f"--- accused {e.suspect or '(nobody)'}: {e.verdict}; the mole was {e.mole} "

@@ -92,6 +92,8 @@ def apply(state: State, event: ev.Event) -> State:
                 context_window=event.context_window or DEFAULT_CONTEXT_WINDOW,
                 status="recording",
             )
+        case ev.MoleAssigned() if event.none:
+            return _replace(state, seq=seq)  # a game without a mole: nobody has a secret
         case ev.MoleAssigned():
             ctx = state.contexts.get(event.agent, AgentContext())
             contexts = dict(state.contexts)

@@ -45,7 +45,7 @@ def truth(journal: Journal, run_id: str) -> Truth | None:
         if stored.kind in ev.SECRET_KINDS:
             e = stored.event
             if isinstance(e, ev.MoleAssigned):
-                return Truth(e.agent, e.strategy)
+                return None if e.none else Truth(e.agent, e.strategy)
     return None
 
 

@@ -138,7 +138,9 @@ def opening_events(
             context_window=context_window,
         )
     ]
-    if mole is not None:
+    if mole is None:
+        opening.append(ev.NO_MOLE)  # journaled all the same: its presence tells nothing
+    else:
         opening.append(
             ev.MoleAssigned(
                 agent=mole[0], strategy=mole[1].value, instructions=instructions(mole[1])
@@ -185,15 +187,17 @@ def record_heist(
     strat = parse_strategy(strategy) if strategy is not None else None
     chosen, chosen_strategy = choose_heist_mole(scenario.agents, seed, strat)
     mole_agent = mole or chosen
-    secret: list[ev.Event] = []
+    # a game without a mole journals its (empty) secret too: whether there is a mole is part
+    # of the secret, and a missing event would shift every later seq by one
+    secret: list[ev.Event] = [ev.NO_MOLE]
     if not no_mole:
-        secret.append(
+        secret = [
             ev.MoleAssigned(
                 agent=mole_agent,
                 strategy=chosen_strategy.value,
                 instructions=instructions(chosen_strategy),
             )
-        )
+        ]
     return record_run(
         journal,
         scenario,
@@ -252,7 +256,7 @@ def accuse_run(journal: Journal, run_id: str, suspect: str | None) -> Accusation
             f"run {info.run_id!r} is a branch of heist {info.root_run_id!r}; the accusation is"
             f" the game's: accuse {info.root_run_id!r}"
         )
-    if secret is None:
+    if secret is None or secret.none:
         raise JournalError(f"run {info.run_id!r} has no mole to accuse")
     verdict = accuse(secret.agent, suspect, started.agents)
     journal.append(
