@@ -43,7 +43,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import ConfigError, EngineError, InterventionError, JournalBusy, UnknownRun
+from engine.errors import (
+    ConfigError,
+    EngineError,
+    InterventionError,
+    JournalBusy,
+    TamperedJournal,
+    UnknownRun,
+)
 from engine.events import not_journalable_text
 from engine.executors.base import ExecutorOptions
 from engine.journal import Journal
@@ -281,6 +288,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
         # logged with its traceback by the server; the client gets JSON, and only the kind
         # of error: its text could quote anything the engine holds, secrets included
+        if isinstance(exc, TamperedJournal):
+            return error_response(
+                500,
+                "the journal was changed outside car (TamperedJournal): `car verify` names"
+                " what; the server's log has the details",
+            )
         return error_response(
             500, f"internal error ({type(exc).__name__}); the server's log has the details"
         )
