@@ -138,11 +138,19 @@ class StandingPool:
         self._lock.release()
 
     def close(self) -> None:
-        """Let the workers leave (the host is shutting down); waits for a batch in flight."""
-        with self._lock:
-            if self.pool is not None:
-                self.pool.close()
-                self.pool = None
+        """The host is shutting down: idle workers leave as told; with a batch in flight they
+        are stopped (their branches close as stopped, the batch fails) rather than waited
+        for, as a long attribution could hold the shutdown for minutes."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        if self._lock.acquire(blocking=False):
+            try:
+                pool.close()
+            finally:
+                self._lock.release()
+        else:
+            pool.stop()
 
 
 _standing: StandingPool | None = None
