@@ -55,8 +55,9 @@ def test_a_second_batch_meanwhile_runs_in_threads_and_a_dead_worker_is_replaced_
     tmp_path: Path,
 ) -> None:
     """Two forks of concurrency 2 at once both answer 200 with every branch scored (while one
-    has the pool, the other runs in threads); after the worker is killed (SIGKILL, as the out-of-memory killer would), the next
-    fork still answers 200, in threads, and the server forks no new process."""
+    has the pool, the other runs in threads); after the worker is killed (SIGKILL, as the
+    out-of-memory killer would), the next fork still answers 200, in threads, and the server
+    forks no new process."""
     journal = tmp_path / "j.db"
     with car_serve(journal, "--workers", "1", "--sim-step-delay", "0") as s:
         (worker,) = children_of(s.proc.pid)
