@@ -124,6 +124,8 @@ def test_a_missed_interval_makes_the_report_not_ok() -> None:
         exact_locus = PAIR.exact_locus
         exact_shapley = PAIR.exact_shapley
         exact_efficiency = PAIR.exact_efficiency
+        require_exact = PAIR.require_exact
+        source = PAIR.source
 
         def run_batch(self, requests: list[object]) -> list[bool]:
             return [False] * len(requests)

@@ -32,7 +32,9 @@ KEYWORDS = frozenset({"and", "or", "not", "if", "else"})
 FUNCTIONS = frozenset({"min", "max"})
 
 # Operators outside the language are still tokenized whole, so the error can quote "**"
-# rather than a confusing lone "*".
+# rather than a confusing lone "*". ASCII only: in Unicode mode `\d` takes the digits of any
+# script (float() reads "٠.٥" as 0.5, a number the file does not visibly say) and `\s` the
+# control characters \x1c-\x1f, which are no spacing a model file should hold.
 _TOKEN = re.compile(
     r"""
     (?P<ws>\s+)
@@ -40,7 +42,7 @@ _TOKEN = re.compile(
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op><=|>=|==|!=|\*\*|//|&&|\|\||<>|[-+*/<>=(),%&|^~!@\[\]{}:;.])
     """,
-    re.VERBOSE,
+    re.VERBOSE | re.ASCII,
 )
 _LANGUAGE_OPS = frozenset({"<", "<=", ">", ">=", "==", "!=", "+", "-", "*", "/", "(", ")", ","})
 _HINTS = {

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from engine.attribution.base import ForwardModel, PlayersKind, Progress
 from engine.attribution.contrastive import ContrastiveMode, contrastive
 from engine.attribution.pcg import SeedStream
+from engine.errors import ConfigError
 
 
 class ReportedModel(ForwardModel, Protocol):
@@ -32,6 +33,8 @@ def attribution_report(
 ) -> dict[str, Any]:
     """The attribution of one run as plain data (what the CLI prints and `--json` emits):
     contrastive effects per step with the locus, or Shapley values per player."""
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"seed must lie within 0..{2**63 - 1}, got {seed!r}")
     out: dict[str, Any] = {"run_id": run_id, "method": method, "seed": seed}
     if method == "contrastive":
         res = contrastive(

@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
+import reprlib
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -43,9 +46,10 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
-from engine.attribution.base import ForwardRequest, PlayersKind, players_of
+from engine.attribution.base import ForwardRequest, Player, PlayersKind, players_of
 from engine.attribution.expr import FUNCTIONS, KEYWORDS, Expr, compile_expr, constant_expr
 from engine.errors import ConfigError, InterventionError
+from engine.terminal import printable
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -61,6 +65,8 @@ SHAPLEY_TERM_LIMIT = 3**15
 CHECK_NAME_LIMIT = 20
 #: Effects smaller than this in magnitude are floating-point noise of the enumeration.
 EXACT_TOLERANCE = 1e-9
+#: A model file larger than this is refused before it is parsed (the shipped ones are < 2 KiB).
+MAX_FILE_BYTES = 1 << 20
 
 _CHUNK = 1 << 16
 _MASK64 = (1 << 64) - 1
@@ -145,25 +151,32 @@ class SCM:
 
     def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
         """Run every request forward in one vectorised pass; True = the run ended bad."""
-        masks: dict[frozenset[int], int] = {}  # batches repeat few keep sets: convert each once
+        # batches repeat few keep sets: convert each once into a row of booleans (a row, not
+        # an integer bitmask, so that a model of any number of steps fits)
+        index: dict[frozenset[int], int] = {}
+        table: list[BoolArray] = []
         rows = []
         for request in requests:
-            mask = masks.get(request.keep)
-            if mask is None:
-                mask = masks[request.keep] = self._keep_mask(request.keep)
-            rows.append(mask)
-        bits = np.array(rows, dtype=np.int64).reshape(-1, 1) >> np.arange(self.n_steps)
+            row = index.get(request.keep)
+            if row is None:
+                row = index[request.keep] = len(table)
+                table.append(self._keep_row(request.keep))
+            rows.append(row)
+        unique = np.array(table, dtype=np.bool_).reshape(-1, self.n_steps)
+        keep = unique[np.array(rows, dtype=np.intp)]
         seeds = seeds_array([r.branch_seed for r in requests])
-        return self.simulate((bits & 1).astype(np.bool_), seeds).tolist()
+        return self.simulate(keep, seeds).tolist()
 
-    def _keep_mask(self, keep: frozenset[int]) -> int:
+    def _keep_row(self, keep: frozenset[int]) -> BoolArray:
+        row = np.zeros(self.n_steps, dtype=np.bool_)
         for j in keep:
             if not 0 <= j < self.n_steps:
                 raise InterventionError(
                     f"model {self.name!r} has steps 0..{self.n_steps - 1}, "
                     f"a request keeps step {j!r}"
                 )
-        return sum(1 << j for j in keep)
+            row[j] = True
+        return row
 
     def simulate(self, keep: BoolArray, seeds: U64Array) -> BoolArray:
         """The vectorised core of run_batch: keep is (runs, steps), seeds is (runs,)."""
@@ -212,16 +225,7 @@ class SCM:
 
     def exact_values(self, players: str | PlayersKind = "steps") -> FloatArray:
         """v(S) for every coalition S of players, indexed by bitmask (bit g = player g)."""
-        self._require_exact()
-        group = players_of(self, players)
-        terms = math.prod(1 + (1 << len(p.steps)) for p in group)
-        if terms > SHAPLEY_TERM_LIMIT:
-            raise ConfigError(
-                f"model {self.name!r}: exact Shapley over {len(group)} "
-                f"{PlayersKind.parse(players).value} "
-                f"needs {terms:,} enumeration terms, above the limit of {SHAPLEY_TERM_LIMIT:,}; "
-                "use fewer steps or players='agents' (Monte Carlo estimates still work)"
-            )
+        group = self.require_exact(players)
         tables = [
             _Options.free_of(p.steps, coalition_bit=1 << g, kept=self._factual_bits)
             for g, p in enumerate(group)
@@ -236,6 +240,21 @@ class SCM:
         group = players_of(self, players)
         phi = shapley_from_values(self.exact_values(players), len(group))
         return {p.name: float(v) for p, v in zip(group, phi, strict=True)}
+
+    def require_exact(self, players: str | PlayersKind = "steps") -> list[Player]:
+        """The players, once it is certain that exact ground truth for them can be enumerated
+        (every effect, and Shapley values over `players`); a ConfigError saying why not."""
+        self._require_exact()
+        group = players_of(self, players)
+        terms = math.prod(1 + (1 << len(p.steps)) for p in group)
+        if terms > SHAPLEY_TERM_LIMIT:
+            raise ConfigError(
+                f"model {self.name!r}: exact Shapley over {len(group)} "
+                f"{PlayersKind.parse(players).value} "
+                f"needs {terms:,} enumeration terms, above the limit of {SHAPLEY_TERM_LIMIT:,}; "
+                "use fewer steps or players='agents' (Monte Carlo estimates still work)"
+            )
+        return group
 
     def _require_exact(self) -> None:
         if self.n_steps > EXACT_STEP_LIMIT:
@@ -329,11 +348,29 @@ def _enumerate(tables: Sequence[_Options]) -> Iterator[tuple[IntArray, IntArray,
 # --- loading --------------------------------------------------------------------------------
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+_REPR.maxlevel = 2
+
+
+def _shown(value: Any) -> str:
+    """A value read from a model file, for a message: its repr, cut short. YAML aliases can
+    make a file of a few hundred bytes hold a list of billions of items (or a list that holds
+    itself); a full repr of that would never finish."""
+    return printable(_REPR.repr(value))
+
+
+def _source_shown(source: str) -> str:
+    """A file name inside a message: any terminal control character in it escaped."""
+    return printable(source)
+
+
 class _Where:
     """Builds the "file: model 'x', step 'y', field 'p'" prefix of a ConfigError."""
 
     def __init__(self, source: str) -> None:
-        self.source = source
+        self.source = _source_shown(source)
         self.model: str | None = None
 
     def __call__(self, step: str | None = None, fld: str | None = None) -> str:
@@ -359,12 +396,42 @@ def load_scm(path_or_text: str | Path) -> SCM:
         and (Path(path_or_text).is_file() or path_or_text.endswith((".yaml", ".yml")))
     ):
         path = Path(path_or_text)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read SCM file {str(path)!r}: {e.strerror}") from e
-        return _parse(text, source=str(path))
+        return _parse(_read_file(path), source=str(path))
     return _parse(path_or_text, source="<text>")
+
+
+def _read_file(path: Path) -> str:
+    """The text of the model file at `path`: a regular file of at most MAX_FILE_BYTES of UTF-8.
+
+    Opened without blocking and checked before it is read, so that a FIFO (which would wait
+    for a writer) or a device such as /dev/zero (which never ends) is refused at once."""
+    shown = _shown(str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ConfigError(f"cannot read SCM file {shown}: {e.strerror}") from e
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError(f"cannot read SCM file {shown}: Is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"cannot read SCM file {shown}: not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ConfigError(
+                f"SCM file {shown} is {info.st_size:,} bytes; the limit is {MAX_FILE_BYTES:,}"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read SCM file {shown}: {e.strerror}") from e
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:  # it grew after the check
+        raise ConfigError(f"SCM file {shown} is larger than the limit of {MAX_FILE_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"SCM file {shown} is not UTF-8 text (byte {e.start})") from e
 
 
 def builtin_models() -> list[SCM]:
@@ -391,17 +458,43 @@ def find_model(name_or_path: str) -> SCM:
     )
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    silently: `bad:` written twice would validate a model other than the one read)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base`: its keys may be overridden, as YAML intends
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {_shown(key)}",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
+
+
 def _parse(text: str, source: str) -> SCM:
     where = _Where(source)
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_Loader)  # a SafeLoader: plain data only
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{source}: YAML syntax error{at}: {problem}") from e
+        raise ConfigError(f"{where.source}: YAML syntax error{at}: {printable(problem)}") from e
     except RecursionError as e:
-        raise ConfigError(f"{source}: the YAML nests too deeply to be a model file") from e
+        raise ConfigError(f"{where.source}: the YAML nests too deeply to be a model file") from e
     if not isinstance(doc, dict):
         raise where.error(
             f"expected a mapping with keys {', '.join(_TOP_KEYS)}, got {type(doc).__name__}"
@@ -410,22 +503,24 @@ def _parse(text: str, source: str) -> SCM:
     name = _required(doc, "name", where, None)
     if not isinstance(name, str) or not _MODEL_NAME.match(name):
         raise where.error(
-            f"name must be letters, digits, '_', '.' or '-', got {name!r}", fld="name"
+            f"name must be letters, digits, '_', '.' or '-', got {_shown(name)}", fld="name"
         )
     where.model = name
     description = doc.get("description", "")
     if not isinstance(description, str):
-        raise where.error(f"expected text, got {description!r}", fld="description")
+        raise where.error(f"expected text, got {_shown(description)}", fld="description")
 
     raw_steps = _required(doc, "steps", where, None)
     if not isinstance(raw_steps, list) or not raw_steps:
-        raise where.error(f"expected a non-empty list of steps, got {raw_steps!r}", fld="steps")
+        raise where.error(
+            f"expected a non-empty list of steps, got {_shown(raw_steps)}", fld="steps"
+        )
     names = _step_names(raw_steps, where)
     steps = [_step(raw, j, names, where) for j, raw in enumerate(raw_steps)]
 
     bad_source = _required(doc, "bad", where, None)
     if not isinstance(bad_source, str):
-        raise where.error(f"expected an expression string, got {bad_source!r}", fld="bad")
+        raise where.error(f"expected an expression string, got {_shown(bad_source)}", fld="bad")
     bad = compile_expr(bad_source, known=names, where=where(fld="bad"))
     _check_range(bad, names, where(fld="bad"), unit_interval=False)
 
@@ -453,7 +548,9 @@ def _no_unknown_keys(
 ) -> None:
     for key in doc:
         if key not in allowed:
-            raise where.error(f"unknown field {key!r} (expected: {', '.join(allowed)})", step=step)
+            raise where.error(
+                f"unknown field {_shown(key)} (expected: {', '.join(allowed)})", step=step
+            )
 
 
 def _step_names(raw_steps: list[Any], where: _Where) -> list[str]:
@@ -461,11 +558,11 @@ def _step_names(raw_steps: list[Any], where: _Where) -> list[str]:
     for j, raw in enumerate(raw_steps):
         label = f"#{j}"
         if not isinstance(raw, dict):
-            raise where.error(f"expected a mapping with name and p, got {raw!r}", step=label)
+            raise where.error(f"expected a mapping with name and p, got {_shown(raw)}", step=label)
         name = _required(raw, "name", where, label)
         if not isinstance(name, str) or not _STEP_NAME.match(name):
             raise where.error(
-                f"a step name must be an identifier (letters, digits, '_'), got {name!r}",
+                f"a step name must be an identifier (letters, digits, '_'), got {_shown(name)}",
                 step=label,
                 fld="name",
             )
@@ -492,22 +589,26 @@ def _step(raw: dict[str, Any], j: int, names: list[str], where: _Where) -> ScmSt
     p_raw = _required(raw, "p", where, label)
     if isinstance(p_raw, bool) or not isinstance(p_raw, int | float | str):
         raise where.error(
-            f"expected a number in [0, 1] or an expression string, got {p_raw!r}",
+            f"expected a number in [0, 1] or an expression string, got {_shown(p_raw)}",
             step=label,
             fld="p",
         )
     if isinstance(p_raw, str):
         p = compile_expr(p_raw, known=names[:j], later=names[j:], where=where(step=label, fld="p"))
     else:
-        if not (math.isfinite(p_raw) and 0 <= p_raw <= 1):
+        # compared as it is: an int of 400 digits has no float (math.isfinite overflows)
+        if not (0 <= p_raw <= 1):  # also false for NaN
             raise where.error(
-                f"expected a probability in [0, 1], got {p_raw!r}", step=label, fld="p"
+                f"expected a probability in [0, 1], got {_shown(p_raw)}", step=label, fld="p"
             )
         p = constant_expr(float(p_raw))
     _check_range(p, names[:j], where(step=label, fld="p"), unit_interval=True)
     agent = raw.get("agent")
-    if agent is not None and (not isinstance(agent, str) or not agent.strip()):
-        raise where.error(f"expected an agent name, got {agent!r}", step=label, fld="agent")
+    if agent is not None and (
+        not isinstance(agent, str) or not agent.strip() or printable(agent) != agent
+    ):
+        # a name, shown in tables: no line breaks, tabs or terminal control characters
+        raise where.error(f"expected an agent name, got {_shown(agent)}", step=label, fld="agent")
     return ScmStep(name=name, p=p, agent=agent)
 
 
@@ -538,7 +639,7 @@ def _check_range(expr: Expr, names: Sequence[str], where: str, unit_interval: bo
 
 def _factual(raw: Any, names: list[str], where: _Where) -> tuple[int, ...]:
     if not isinstance(raw, list):
-        raise where.error(f"expected a list of 0/1 values, got {raw!r}", fld="factual")
+        raise where.error(f"expected a list of 0/1 values, got {_shown(raw)}", fld="factual")
     if len(raw) != len(names):
         raise where.error(
             f"has {len(raw)} values but the model has {len(names)} steps", fld="factual"
@@ -546,7 +647,7 @@ def _factual(raw: Any, names: list[str], where: _Where) -> tuple[int, ...]:
     for j, v in enumerate(raw):
         if isinstance(v, bool) or v not in (0, 1):
             raise where.error(
-                f"value of step {names[j]!r} must be 0 or 1, got {v!r}", fld="factual"
+                f"value of step {names[j]!r} must be 0 or 1, got {_shown(v)}", fld="factual"
             )
     return tuple(int(v) for v in raw)
 

@@ -29,6 +29,7 @@ from engine.attribution.contrastive import ContrastiveMode, ContrastiveResult, c
 from engine.attribution.scm import EXACT_TOLERANCE, SCM
 from engine.attribution.shapley import ShapleyResult, shapley
 from engine.errors import ConfigError
+from engine.terminal import printable
 
 
 class EffectCheck(msgspec.Struct, frozen=True):
@@ -152,6 +153,10 @@ def model_rng(seed: int, model: SCM) -> tuple[np.random.Generator, np.random.Gen
     return np.random.default_rng(contrast), np.random.default_rng(shap)
 
 
+class AlphaError(ConfigError):
+    """A family-wise alpha that no validation can use."""
+
+
 class FamilyRule(msgspec.Struct, frozen=True):
     """The error rule of one validation: m intervals, each at `level`, family-wise `alpha`."""
 
@@ -172,10 +177,32 @@ def family_rule(
 ) -> FamilyRule:
     """Bonferroni over every interval the validation can report, counted before any run."""
     if not 0 < alpha < 1:
-        raise ConfigError(f"family-wise alpha must lie strictly between 0 and 1, got {alpha!r}")
+        raise AlphaError(f"family-wise alpha must lie strictly between 0 and 1, got {alpha!r}")
+    _distinct_names(models)
     kind = PlayersKind.parse(players)
     m = sum(model.n_steps + len(players_of(model, kind)) for model in models)
-    return FamilyRule(alpha=alpha, intervals=m, level=1 - alpha / max(m, 1))
+    level = 1 - alpha / max(m, 1)
+    if not level < 1:
+        raise AlphaError(
+            f"family-wise alpha {alpha!r} split over {m} intervals leaves each interval at "
+            "a level that rounds to 1 (intervals of no error at all); give a larger alpha"
+        )
+    return FamilyRule(alpha=alpha, intervals=m, level=level)
+
+
+def _distinct_names(models: Sequence[SCM]) -> None:
+    """Reports, seeds and the exit message name a model by its name: two alike are refused."""
+    sources: dict[str, str] = {}
+    for model in models:
+        if model.name in sources:
+            first = printable(sources[model.name])
+            again = printable(model.source)
+            raise ConfigError(
+                f"two models are named {model.name!r} ({first} and {again}); the models of one "
+                "validation need distinct names (rename one, or leave out the built-ins with "
+                "--no-builtin)"
+            )
+        sources[model.name] = model.source
 
 
 def validate(
@@ -201,7 +228,12 @@ def validate(
     """
     kind = PlayersKind.parse(players)
     mode = ContrastiveMode.ADAPTIVE if k is None else ContrastiveMode.FIXED
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"seed must lie within 0..{2**63 - 1}, got {seed!r}")
     confidence = family_rule(models, kind, alpha).level
+    for model in models:
+        # what cannot be checked is refused before any forward run, not after them all
+        model.require_exact(kind)
     reports = []
     offset = 0
     for model in models:

@@ -19,17 +19,30 @@ import typer
 from engine.commands.common import JsonOpt, emit_json, fail, open_journal, out, progress
 from engine.commands.executor_opts import ExecutorOpt, RayAddressOpt, WorkersOpt, executor_options
 from engine.errors import InterventionError
+from engine.terminal import in_markup, printable
 
 OPS = ("resample", "action", "observation", "context", "policy")
 METHODS = ("contrastive", "shapley")
 PLAYERS = ("steps", "agents")
 #: A --value-file larger than this is refused before it is read.
 MAX_VALUE_FILE = 1 << 20
+#: --runs/-K of attribute and validate at most: each forward run is a journaled branch (or,
+#: for validate, a row held in memory), and this is already far past any useful precision.
+MAX_RUNS = 100_000
+#: --budget of attribute and validate at most (Shapley forward runs), for the same reason.
+MAX_BUDGET = 10_000_000
+#: Seeds of the forward runs (attribute, validate): what numpy's seeding and the journaled
+#: branch seeds take, as `car detect --seed` does.
+MAX_SEED = 2**63 - 1
 
 ConcurrencyOpt = Annotated[
     int, typer.Option("--concurrency", "-c", min=1, help="Branches (or steps) run at once.")
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the forward runs (reproducible).")]
+EstimateSeedOpt = Annotated[
+    int,
+    typer.Option("--seed", min=0, max=MAX_SEED, help="Seed of the forward runs (reproducible)."),
+]
 BaseUrlOpt = Annotated[
     str | None,
     typer.Option("--base-url", help="openai: run against this OpenAI-compatible server."),
@@ -42,7 +55,11 @@ TimeoutOpt = Annotated[
 RunsOpt = Annotated[
     int | None,
     typer.Option(
-        "--runs", "-K", min=1, help="Fixed K forward runs per step (the paper); default adaptive."
+        "--runs",
+        "-K",
+        min=1,
+        max=MAX_RUNS,
+        help="Fixed K forward runs per step (the paper); default adaptive.",
     ),
 ]
 OldKOpt = Annotated[
@@ -341,13 +358,17 @@ def fork_cmd(
 @stoppable
 def validate_cmd(
     files: Annotated[
-        list[Path] | None, typer.Argument(help="SCM model files (YAML) to add to the built-ins.")
+        list[Path] | None,
+        typer.Argument(help="SCM model files (YAML) to add to the built-ins.", metavar="FILE"),
     ] = None,
-    seed: SeedOpt = 0,
+    seed: EstimateSeedOpt = 0,
     runs: RunsOpt = None,
     old_k: OldKOpt = None,
     budget: Annotated[
-        int, typer.Option("--budget", min=1, help="Shapley forward-run budget per model.")
+        int,
+        typer.Option(
+            "--budget", min=1, max=MAX_BUDGET, help="Shapley forward-run budget per model."
+        ),
     ] = 4000,
     players: Annotated[str, typer.Option("--players", help="steps | agents")] = "steps",
     alpha: Annotated[
@@ -364,7 +385,7 @@ def validate_cmd(
     form one family at error rate --alpha (Bonferroni: each at 1 - alpha/m),
     so correct estimators pass with probability >= 1 - alpha."""
     from engine.attribution.scm import builtin_models, load_scm
-    from engine.attribution.validate import family_rule, validate
+    from engine.attribution.validate import AlphaError, family_rule, validate
 
     k = _runs(runs, old_k)
     _choice(players, PLAYERS, "--players")
@@ -376,7 +397,10 @@ def validate_cmd(
     models += [load_scm(f) for f in files or []]
     if not models:
         fail("no models to validate (give model files or drop --no-builtin)")
-    rule = family_rule(models, players, alpha)
+    try:
+        rule = family_rule(models, players, alpha)
+    except AlphaError as e:
+        raise typer.BadParameter(str(e), param_hint="'--alpha'") from e
     with progress() as bar:
         task = bar.add_task("forward runs", total=None)
         reports = validate(
@@ -407,11 +431,13 @@ def validate_cmd(
 
 def _print_validation(d: dict[str, Any]) -> None:
     status = "[green]ok[/]" if d["ok"] else "[red]MISSED[/]"
-    out.print(f"\n[bold]{d['scm']}[/] {status}: ", end="", highlight=False)
-    out.print(d["description"], highlight=False, markup=False)
+    # names and text from a model file are data: terminal control escaped, markup as text
+    out.print(f"\n[bold]{in_markup(d['scm'])}[/] {status}: ", end="", highlight=False)
+    out.print(printable(d["description"], keep_newlines=True), highlight=False, markup=False)
     loc = d["locus"]
     out.print(
-        f"  locus: estimated {loc['estimated_label']} vs exact {loc['exact_label']} "
+        f"  locus: estimated {in_markup(loc['estimated_label'])} vs exact "
+        f"{in_markup(loc['exact_label'])} "
         f"({'right' if loc['ok'] else 'WRONG'}); {d['forward_runs']} forward runs "
         f"({d['mode']} contrastive {d['contrastive_runs']}, shapley {d['shapley_runs']}"
         + (", partial" if d["partial"] else "")
@@ -423,7 +449,7 @@ def _print_validation(d: dict[str, Any]) -> None:
         t.add_column(col)
     for c in d["contrastive"]:
         t.add_row(
-            c["label"],
+            in_markup(c["label"]),
             f"{c['effect']:+.3f}",
             _fmt_ci(c["ci"]),
             str(c["n"]),
@@ -436,7 +462,7 @@ def _print_validation(d: dict[str, Any]) -> None:
         t.add_column(col)
     for c in d["shapley"]:
         t.add_row(
-            c["player"],
+            in_markup(c["player"]),
             f"{c['phi']:.3f}",
             _fmt_ci(c["ci"]),
             f"{c['exact']:.3f}",
@@ -459,14 +485,14 @@ def attribute_cmd(
     runs: RunsOpt = None,
     old_k: OldKOpt = None,
     budget: Annotated[
-        int, typer.Option("--budget", min=1, help="shapley: forward-run budget.")
+        int, typer.Option("--budget", min=1, max=MAX_BUDGET, help="shapley: forward-run budget.")
     ] = 2000,
     half_width: Annotated[
         float,
         typer.Option("--half-width", help="contrastive adaptive: target CI half-width (0-0.5)."),
     ] = 0.1,
     all_steps: AllStepsOpt = False,
-    seed: SeedOpt = 0,
+    seed: EstimateSeedOpt = 0,
     concurrency: ConcurrencyOpt = 1,
     top: Annotated[int, typer.Option("--top", "-n", min=1, help="Rows of the ranked table.")] = 12,
     executor: ExecutorOpt = "local",
@@ -495,6 +521,14 @@ def attribute_cmd(
         raise typer.BadParameter(
             f"must lie strictly between 0 and 0.5, got {half_width}", param_hint="'--half-width'"
         )
+    if method == "contrastive" and k is None:
+        from engine.attribution.contrastive import adaptive_schedule
+        from engine.errors import ConfigError
+
+        try:  # a width no number of runs reaches (1e-300): refused before the run is opened
+            adaptive_schedule(0.95, half_width, 1, 1)
+        except ConfigError as unreachable:
+            raise typer.BadParameter(str(unreachable), param_hint="'--half-width'") from None
     where = executor_options(executor, ray_address, workers)
     with interruptible(), open_journal(create=False) as j, progress() as bar:
         ensure_rerunnable(j, run_id)
@@ -529,11 +563,11 @@ def attribute_cmd(
             mark = " *" if r["step"] == data["locus"] else ""
             t.add_row(
                 f"{r['step']}{mark}",
-                r["agent"] or "",
+                in_markup(r["agent"] or ""),
                 f"{r['effect']:+.3f}",
                 _fmt_ci(r["ci"]),
                 str(r["n"]),
-                _clip(r["message"], 70),
+                in_markup(_clip(r["message"], 70)),
             )
         out.print(t)
         if data["locus"] is None:
@@ -541,11 +575,11 @@ def attribute_cmd(
         else:
             out.print(
                 f"causal locus (point of commitment): [bold]step {data['locus']}[/] "
-                f"({data['locus_agent']}): ",
+                f"({in_markup(data['locus_agent'])}): ",
                 end="",
                 highlight=False,
             )
-            out.print(_clip(data["locus_message"], 100), highlight=False, markup=False)
+            out.print(printable(_clip(data["locus_message"], 100)), highlight=False, markup=False)
         first = data.get("first_estimated")
         if not data.get("all_steps") and first:
             out.print(
@@ -559,11 +593,11 @@ def attribute_cmd(
         t.add_column("message", no_wrap=True, overflow="ellipsis", max_width=40)
         for r in data["ranked"][:top]:
             t.add_row(
-                r["player"],
-                r["agent"] or "",
+                in_markup(r["player"]),
+                in_markup(r["agent"] or ""),
                 f"{r['phi']:+.3f}",
                 _fmt_ci(r["ci"]),
-                _clip(r["message"] or "", 60),
+                in_markup(_clip(r["message"] or "", 60)),
             )
         out.print(t)
         e = data["efficiency"]
