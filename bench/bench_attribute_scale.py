@@ -165,7 +165,7 @@ def measure(
             if i == 0:
                 # untimed: writes the bytecode caches of everything an attribution imports
                 say(quiet, "warming up (bytecode caches)")
-                car(ROOT, fresh("warm"), "attribute", run, "--runs", "1")
+                car(ROOT, fresh("warm"), "attribute", run, "--runs", "2")
                 if old_src is not None:
                     warm(old_src)
 

@@ -154,6 +154,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("--top -3", ["attribute", "RUN", "--top", "-3"], 2, "--top"),
     ("old -k", ["attribute", "RUN", "-k", "8"], 2, "-k is the step flag"),
     ("--runs 0", ["attribute", "RUN", "--runs", "0"], 2, "--runs"),
+    ("--runs 1", ["attribute", "RUN", "--runs", "1"], 2, "--runs"),
+    ("validate --runs 1", ["validate", "--runs", "1"], 2, "--runs"),
     ("--half-width 0.7", ["attribute", "RUN", "--half-width", "0.7"], 2, "--half-width"),
     ("--half-width nan", ["attribute", "RUN", "--half-width", "nan"], 2, "--half-width"),
     (

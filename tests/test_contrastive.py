@@ -158,7 +158,8 @@ def test_default_scan_stops_at_the_locus(name: str, mode: str) -> None:
 
 BAD_ARGUMENTS = [
     ({"mode": "fixd"}, r"contrastive mode must be one of 'fixed', 'adaptive', got 'fixd'"),
-    ({"mode": "fixed", "k": 0}, r"k \(forward runs per step\) must be at least 1, got 0"),
+    ({"mode": "fixed", "k": 0}, r"k \(forward runs per step\) must be at least 2, got 0"),
+    ({"mode": "fixed", "k": 1}, r"must be at least 2, got 1: the interval of a single run"),
     ({"confidence": 1.0}, r"confidence must lie strictly between 0 and 1, got 1\.0"),
     ({"target_half_width": 0.0}, r"target half-width must lie strictly between 0 and 0\.5"),
     ({"min_runs": 0}, r"min_runs must be at least 1, got 0"),

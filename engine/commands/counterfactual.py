@@ -57,9 +57,9 @@ RunsOpt = Annotated[
     typer.Option(
         "--runs",
         "-K",
-        min=1,
+        min=2,
         max=MAX_RUNS,
-        help="Fixed K forward runs per step (the paper); default adaptive.",
+        help="Fixed K forward runs per step (the paper), at least 2; default adaptive.",
     ),
 ]
 OldKOpt = Annotated[

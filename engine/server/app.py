@@ -207,7 +207,7 @@ class ForkRequest(_Body):
 class AttributionRequest(_Body):
     method: Literal["contrastive", "shapley"] = "contrastive"
     players: Literal["steps", "agents"] = "steps"
-    k: int | None = Field(default=None, ge=1, le=1000)
+    k: int | None = Field(default=None, ge=2, le=1000)
     budget: int = Field(default=2000, ge=1, le=20000)
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     concurrency: int = Field(default=1, ge=1, le=16)
