@@ -72,3 +72,31 @@ def test_diff_shows_hostile_words_and_names_escaped(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "PWNED" in res.stdout and "[blink]x" in res.stdout
     assert "\x1b" not in res.stdout and "\x07" not in res.stdout
+
+
+def test_an_error_line_shows_terminal_control_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """`fail` is the one door of every `error:` line: ESC, CSI (C1) and a bidi override in the
+    message (an error may quote a file, a model's reply, a name) come out escaped, one line."""
+    from engine.commands.common import fail
+
+    with pytest.raises(SystemExit) as exit_:
+        fail("cannot read 'a\x1b[2Jb'\nnext \x9b31m \u202etxt.exe")
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert not any(c in err for c in "\x1b\x9b\u202e")
+    assert "\\x1b[2J" in err and "\\x9b" in err and "\\u202e" in err
+
+
+def test_json_output_never_carries_terminal_control(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--json` on a pipe: C1 controls, DEL, line separators and bidi overrides inside strings
+    are \\u escapes (C0 ones JSON escapes itself), other non-ASCII text is itself, and the
+    parsed value is unchanged."""
+    from engine.commands.common import emit_json
+
+    data = {"name": "x\x9b31my\x7f\u2028\u202e\x1b ü €", "n": 1}
+    emit_json(data)
+    text = capsys.readouterr().out
+    assert not any(c in text for c in "\x1b\x7f\x9b\u2028\u202e")
+    assert "ü €" in text
+    assert json.loads(text) == data

@@ -78,19 +78,36 @@ def open_journal(create: bool = True, readonly: bool = False) -> Journal:
     return Journal(journal_target(), create=create and not readonly, readonly=readonly)
 
 
+#: What JSON may hold raw inside a string but a terminal could act on (DEL, C1 controls such as
+#: CSI, line separators, bidi overrides): written as \\u escapes, the same value to a parser.
+_UNSAFE_IN_JSON = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0), 0x2028, 0x2029,
+                   *range(0x202A, 0x202F), *range(0x2066, 0x206A))}  # fmt: skip
+
+
 def emit_json(data: Any) -> None:
-    """`data` as JSON on stdout: indented; coloured on a terminal."""
-    text = json.dumps(data, default=str)
+    """`data` as JSON on stdout: indented, non-ASCII text as itself but never a character a
+    terminal would act on (C0 controls are escaped by JSON itself, the rest here); coloured
+    on a terminal."""
+    # through a compact dump first: what a default (`str`) made of a value is then plain data
+    text = json.dumps(json.loads(json.dumps(data, default=str)), indent=2, ensure_ascii=False)
+    text = text.translate(_UNSAFE_IN_JSON)
     if _plain(sys.stdout):
-        # what rich's print_json writes to a pipe, byte for byte, without importing rich
-        sys.stdout.write(json.dumps(json.loads(text), indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(text + "\n")
     else:
-        out.print_json(text)
+        from rich.highlighter import JSONHighlighter
+        from rich.text import Text
+
+        shown = Text(text, no_wrap=True, overflow="ignore")
+        JSONHighlighter().highlight(shown)
+        out.print(shown, soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> None:
-    """One clean line on stderr (never wrapped) and a non-zero exit."""
-    first = " ".join(message.split())
+    """One clean line on stderr (never wrapped), terminal control in it shown escaped (an
+    error may quote what a user, a file or a model wrote), and a non-zero exit."""
+    from engine.terminal import printable
+
+    first = printable(" ".join(message.split()))
     sys.stderr.write(f"error: {first}\n")
     raise SystemExit(code)
 

@@ -66,7 +66,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
         "engine.commands.detect",
         "Accuracy of the detector over many games: top-1 with a 95% interval vs random, "
         "AUROC, calibration (Brier, reliability), confusion, cost. Records into --journal, or"
-        " recordings/detect-eval.db when none is given.",
+        " recordings/detect-eval.db when none is given. --runs scores recorded games that were"
+        " accused or recorded by detect-eval (others with --reveal: the report shows moles).",
     ),
     (
         "export",
