@@ -38,14 +38,14 @@ class StillClock:
         return 0.0
 
 
-def car(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`car --journal J ARGS` in a subprocess."""
+def car(journal: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`car --journal J ARGS` in a subprocess, as a user runs it."""
     return subprocess.run(
         [sys.executable, "-m", "cli", "--journal", str(journal), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=120,
+        timeout=timeout,
     )
 
 

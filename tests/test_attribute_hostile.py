@@ -5,30 +5,16 @@ obeyed by the terminal, never read as markup)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from journal_helpers import car
 from llm_helpers import completion, scripted_server
 
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def car(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`car --journal J ARGS` in a subprocess, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "--journal", str(journal), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")

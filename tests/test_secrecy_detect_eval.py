@@ -9,29 +9,17 @@ with a mole and for one without."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from journal_helpers import car
 
 from engine.heist.mole import Strategy
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
 
-ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = [s.value for s in Strategy]
-
-
-def car(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "--journal", str(journal), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
 
 
 @pytest.fixture()
