@@ -89,6 +89,11 @@ def _to_url(target: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(text).expanduser().resolve()}"
 
 
+def is_sqlite_target(target: str | os.PathLike[str]) -> bool:
+    """Whether a journal target (a path or a URL) names a SQLite file, before opening it."""
+    return _to_url(target).startswith("sqlite")
+
+
 def chain_hash(prev: str, seq: int, kind: str, version: int, payload: bytes) -> str:
     """Hash of one event: covers the previous hash, its position, kind, version and bytes.
 

@@ -270,6 +270,12 @@ def register(app: typer.Typer) -> None:
             spec["base_url"] = base_url or "http://localhost:1234/v1"
             spec["model"] = model or "local-model"
         target = options.journal_target or EVAL_JOURNAL
+        if where is not None and where.kind == "ray" and "causal" in methods:
+            from engine.executors.base import RAY_NEEDS_A_SERVER
+            from engine.journal import is_sqlite_target
+
+            if is_sqlite_target(target):
+                fail(RAY_NEEDS_A_SERVER)  # before the journal is opened: no file made for it
         if "://" not in target:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
         failures: list[str] = []

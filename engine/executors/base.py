@@ -30,6 +30,13 @@ OnDone = Callable[[int, "BranchResult"], None]
 
 EXECUTORS = ("local", "ray")
 
+#: Why a Ray executor refuses a SQLite journal (said by the executor, and by a command that
+#: checks before it opens the journal)
+RAY_NEEDS_A_SERVER = (
+    "--executor ray needs a PostgreSQL journal (--journal postgresql+psycopg://...):"
+    " workers on other machines cannot open a SQLite file"
+)
+
 
 class ExecutorOptions(msgspec.Struct, frozen=True):
     """What the user chose on the command line: `--executor`, `--ray-address`, `--workers`."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import events as ev
 from engine.errors import ConcurrencyError, ConfigError, EngineError
-from engine.executors.base import ExecutorStats, Job, OnDone
+from engine.executors.base import RAY_NEEDS_A_SERVER, ExecutorStats, Job, OnDone
 from engine.workers import POLL, STOP, Interrupted
 
 if TYPE_CHECKING:
@@ -193,10 +193,7 @@ class RayExecutor:
         concurrency: int = 1,
     ) -> None:
         if journal.is_sqlite:
-            raise ConfigError(
-                "--executor ray needs a PostgreSQL journal (--journal postgresql+psycopg://...):"
-                " workers on other machines cannot open a SQLite file"
-            )
+            raise ConfigError(RAY_NEEDS_A_SERVER)
         self.url = journal.url
         self.address = address
         self._owns_ray = not (import_ray().is_initialized())
