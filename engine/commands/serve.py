@@ -91,7 +91,7 @@ def serve_cmd(
         detect_model=detect_model,
     )
     app = create_app(settings)
-    pool = _standing_pool(workers)
+    pool = _standing_pool(workers, target)
     # bind first, so a taken port is one clear line instead of a uvicorn traceback
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY only on sockets that say they are
@@ -120,18 +120,20 @@ def serve_cmd(
             pool.close()
 
 
-def _standing_pool(workers: int | None) -> StandingPool | None:
+def _standing_pool(workers: int | None, target: str) -> StandingPool | None:
     """The server's worker processes for sim branches, forked here: before the socket is
-    bound (a worker must not hold the port) and before any thread starts. None for 0, or
-    where this process already runs threads (then branches run in threads; said on stderr)."""
+    bound (a worker must not hold the port) and before any thread starts. None for 0, for a
+    journal on a database server (its sim branches run in threads, as the CLI's do), or where
+    this process already runs threads (then branches run in threads; said on stderr)."""
     import os
     import sys
 
     from engine.errors import InterventionError
     from engine.executors.local import start_standing_pool
+    from engine.journal import is_sqlite_target
 
     n = max(0, (os.cpu_count() or 1) - 1) if workers is None else workers
-    if n == 0:
+    if n == 0 or not is_sqlite_target(target):
         return None
     try:
         return start_standing_pool(n)
