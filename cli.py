@@ -473,7 +473,12 @@ def heist_cmd(
                     highlight=False,
                 )
         if result.status == "failed":
-            fail(f"run {result.run_id} failed and was closed in the journal: {result.error}")
+            from engine.public import public_error
+
+            fail(
+                f"run {result.run_id} failed and was closed in the journal:"
+                f" {public_error(result.error)}"
+            )
         if result.status == "stopped":
             _interrupted(f"stopped: run {result.run_id} was closed after {result.steps} steps")
         if interrupts:

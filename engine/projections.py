@@ -13,7 +13,7 @@ import msgspec
 from engine import events as ev
 from engine.journal import Journal, RunInfo, UnreadableRun
 from engine.policies.base import ChatLine
-from engine.public import PublicRun, public_state, public_view
+from engine.public import PublicRun, public_error, public_state, public_view
 from engine.state import State, edit_transcript, next_agent, shown_state
 
 
@@ -124,7 +124,7 @@ def transcript_lines(j: Journal, run_id: str, *, reveal: bool = False) -> list[s
                 f"({e.strategy})"
             )
         elif isinstance(e, ev.RunEnded) and e.error:
-            lines.append(f"--- run {e.status}: {e.error}")
+            lines.append(f"--- run {e.status}: {e.error if reveal else public_error(e.error)}")
     return lines
 
 

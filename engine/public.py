@@ -12,7 +12,9 @@ its (public) outcome. It never carries:
 - the root seed, the world seed and the step seeds: when a scenario draws its mole from the run
   seed, the seed *is* the answer to anyone who can read the source;
 - any order or presence that depends on who the mole is: agents come in config order and every
-  per-agent section lists every agent.
+  per-agent section lists every agent;
+- what a model server wrote in an error reply: it may quote or count the request, and the
+  mole's request holds its instructions (`public_error`).
 
 Reading skips the LLM-call and secret rows without decoding them, which also makes the view
 cheap: most of a run's bytes are recorded prompts.
@@ -20,6 +22,7 @@ cheap: most of a run's bytes are recorded prompts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +34,19 @@ from engine.journal import Journal, StoredEvent
 # Kinds never decoded by a public read: the secret, and LLM calls (their requests hold the
 # mole's instructions).
 _HIDDEN_KINDS = frozenset({*ev.SECRET_KINDS, "llm_call"})
+
+# A server's own words in a failure: "... answered HTTP 400: <its message> (after 3 attempts)"
+_SERVER_WORDS = re.compile(r"(answered HTTP \d{3}): .*?((?: \(after \d+ attempts\))?)$", re.S)
+
+
+def public_error(error: str | None) -> str | None:
+    """A run's error as the public may see it: the error reply of a model server keeps its
+    status but not its message, which may quote the request or count its tokens (a request
+    of the mole holds its secret instructions: "you requested 2300 tokens" tells a longer
+    prompt); `--reveal` shows the whole error."""
+    if error is None:
+        return None
+    return _SERVER_WORDS.sub(r"\1 (its message is shown with --reveal)\2", error)
 
 
 class PublicMessage(msgspec.Struct, frozen=True):
@@ -215,7 +231,7 @@ def public_events(
                 "kind": "run_ended",
                 "status": e.status,
                 "outcome": dict(e.outcome) if e.status == "completed" else None,
-                "error": e.error,
+                "error": public_error(e.error),
             }
         elif isinstance(e, ev.SuspicionDeclared):
             data = {"kind": "verdict", **_verdict(e)}

@@ -343,8 +343,10 @@ def test_cli_heist_on_a_faulty_server_prints_one_line_and_closes_the_run(
 ) -> None:
     """`car heist --policy openai --timeout 2` against a faulty server exits 1 with exactly one
     stderr line "error: run ... failed ...", no traceback, within the deadline plus start-up,
-    and `car runs` then shows the run as failed."""
+    and `car runs` then shows the run as failed. The line is public: a server's error reply
+    keeps its status there, not its words (`public_error`)."""
     _, fault, pattern, extra = next(f for f in FAULTS if f[0] == fault_id)
+    pattern = pattern.replace(": status 500", r" \(its message is shown with --reveal\)")
     db = tmp_path / "cli.db"
     args = ["--max-reply-bytes", str(extra["max_reply_bytes"])] if extra else []
     getattr(fault, "prepare", lambda: None)()

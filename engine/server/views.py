@@ -64,7 +64,7 @@ def _ending(
             e = stored.event
             assert isinstance(e, ev.RunEnded)
             outcome = dict(e.outcome) if e.status == "completed" else None
-            error = e.error
+            error = public.public_error(e.error)
         elif stored.kind == "suspicion_declared":
             s = stored.event
             assert isinstance(s, ev.SuspicionDeclared)

@@ -1,0 +1,50 @@
+"""What a model server writes in an error reply stays out of every public view: it may quote
+the request, or count its tokens, and the mole's request holds its secret instructions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from journal_helpers import car
+from llm_helpers import completion, scripted_server
+
+from engine.journal import Journal
+from engine.public import public_events
+
+
+def _quote_the_prompt(request: dict[str, Any], calls: list[int] = []) -> tuple[int, dict[str, Any]]:  # noqa: B006
+    """Answer the first turn, then refuse the next with a 400 whose message quotes the request's
+    system prompt (as a server's validation error may)."""
+    calls.append(1)
+    if len(calls) == 1:
+        return 200, completion("Checking the guard rota.")
+    system = request["messages"][0]["content"]
+    return 400, {"error": {"message": f"context too long (2300 tokens): {system}"}}
+
+
+def test_a_server_error_is_public_without_its_words(tmp_path: Path) -> None:
+    """A heist whose model server refuses a step with a message quoting the request: `car
+    heist`'s error line and the public events (the server's stream, the detector) keep the
+    status (HTTP 400) but not the message, `car show`, its --json and `car export` hold none
+    of it; `car show --reveal` has it whole."""
+    journal = tmp_path / "j.db"
+    with scripted_server(_quote_the_prompt) as server:
+        res = car(
+            journal, "heist", "--policy", "openai", "--base-url", server.url, "--model", "m",
+            "--rounds", "1", "--seed", "3",
+        )  # fmt: skip
+    assert res.returncode == 1
+    assert "HTTP 400" in res.stderr and "context too long" not in res.stderr
+    with Journal(journal, create=False) as j:
+        (run,) = [r.run_id for r in j.runs()]
+    with Journal(journal, create=False) as j:
+        (ended,) = [e for _seq, e in public_events(j, run) if e["kind"] == "run_ended"]
+    assert ended["status"] == "failed" and "HTTP 400" in ended["error"]
+    assert "context too long" not in ended["error"]
+    for args in (["show", run], ["show", run, "--json"], ["export", run, "-o", "-"]):
+        out = car(journal, *args)
+        assert out.returncode == 0, out.stderr
+        assert "context too long" not in out.stdout, args
+    revealed = car(journal, "show", run, "--reveal")
+    assert "context too long (2300 tokens)" in revealed.stdout
