@@ -74,3 +74,18 @@ def test_a_writable_target_gets_the_anchor(setup: tuple[Path, Path], tmp_path: P
     assert res.returncode == 0, res.stderr
     assert len(read_anchor(out, KEY)["runs"]) == 1
     assert _temp_files(tmp_path) == []
+
+
+def test_dash_is_stdout_for_anchor_and_export(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    """`-o -` means stdout, as the usual name of it (it wrote a file named "-" in the
+    working directory): the anchor and the export go to stdout, no file "-" is made."""
+    path, key = setup
+    with Journal(path, readonly=True) as j:
+        (run,) = [r.run_id for r in j.runs()]
+    anchored = car(path, "anchor", "--key-file", str(key), "-o", "-")
+    assert anchored.returncode == 0, anchored.stderr
+    assert '"runs"' in anchored.stdout
+    exported = car(path, "export", run, "-o", "-")
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.startswith('{"resourceSpans"')
+    assert not (Path(__file__).resolve().parent.parent / "-").exists()

@@ -42,9 +42,9 @@ def test_a_server_error_is_public_without_its_words(tmp_path: Path) -> None:
         (ended,) = [e for _seq, e in public_events(j, run) if e["kind"] == "run_ended"]
     assert ended["status"] == "failed" and "HTTP 400" in ended["error"]
     assert "context too long" not in ended["error"]
-    for args in (["show", run], ["show", run, "--json"], ["export", run, "-o", "-"]):
+    for args in (["show", run], ["show", run, "--json"], ["export", run]):
         out = car(journal, *args)
         assert out.returncode == 0, out.stderr
-        assert "context too long" not in out.stdout, args
+        assert out.stdout.strip() and "context too long" not in out.stdout, args
     revealed = car(journal, "show", run, "--reveal")
     assert "context too long (2300 tokens)" in revealed.stdout

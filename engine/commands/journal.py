@@ -246,7 +246,9 @@ def verify_cmd(
 def anchor_cmd(
     output: Annotated[
         Path | None,
-        typer.Option("-o", "--output", help="Write the anchor to this file (default: stdout)."),
+        typer.Option(
+            "-o", "--output", help="Write the anchor to this file (default, or -: stdout)."
+        ),
     ] = None,
     key_file: KeyFileOpt = None,
 ) -> None:
@@ -263,7 +265,7 @@ def anchor_cmd(
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     with open_journal(create=False, readonly=True) as j:
         doc = make_anchor(j, key, now)
-    if output is None:
+    if output is None or str(output) == "-":
         sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         return
     write_anchor(doc, output)

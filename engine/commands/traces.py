@@ -23,8 +23,8 @@ def export_cmd(
         typer.Option(
             "-o",
             "--output",
-            help="Write here instead of stdout. With --branches and an existing directory: "
-            "one file per trace (<run>.otlp.json), as Tempo imports them.",
+            help="Write here instead of stdout (-: stdout). With --branches and an existing "
+            "directory: one file per trace (<run>.otlp.json), as Tempo imports them.",
         ),
     ] = None,
     branches: Annotated[
@@ -58,6 +58,8 @@ def export_cmd(
 
     if fmt not in FORMATS:
         fail(f"unknown export format {fmt!r}; expected one of: {', '.join(FORMATS)}")
+    if output is not None and str(output) == "-":
+        output = None  # the usual name of stdout
     if endpoint is not None and output is not None:
         fail("give -o FILE or --otlp-endpoint URL, not both")
     with open_journal(create=False) as j:
