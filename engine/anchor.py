@@ -188,7 +188,9 @@ def compare_anchor(
         if _hash_or_none(journal, rid, head - 1) == entry["head_hash"]:
             continue
         first_bad = head - 1
-        last_good = -1
+        # a branch's marks are of its own slice: what comes before its fork point is the
+        # parent's, reported at the parent
+        last_good = (info.fork_seq or 0) - 1 if info.parent_run_id is not None else -1
         for seq, h in entry.get("marks", []):
             if _hash_or_none(journal, rid, int(seq)) == h:
                 last_good = int(seq)

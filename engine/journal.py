@@ -291,6 +291,8 @@ class Journal:
         self._wall = wall
         self._lock = threading.RLock()
         self._lineage_cache: dict[str, list[Segment]] = {}
+        # snapshots (run id, seq, fold version) read and found to decode to their seq's state
+        self._sound_snapshots: set[tuple[str, int, int]] = set()
         self._run_keys: dict[str, int] = {}
         # runs rows and events rows never change once committed, so what this journal read of
         # them (outside a write transaction) or committed itself is not read again: a branch
@@ -682,6 +684,16 @@ class Journal:
             f" {cell!r}, not an integer (see `car verify`)"
         )
 
+    def _int_cell(self, cell: Any, column: str, run_id: Any, seq: Any) -> int:
+        """A seq or version cell as the integer it must be; TamperedJournal for one retyped by
+        hand (text, a real) or out of the 32 bits the chain packs it in."""
+        if type(cell) is int and 0 <= cell < SPAN:
+            return cell
+        raise TamperedJournal(
+            f"the {column} cell of event {seq} of run {_as_text(run_id)!r} in {self._where()}"
+            f" holds {cell!r}, not an integer (see `car verify`)"
+        )
+
     def _run_info(self, row: Sequence[Any]) -> RunInfo:
         """A runs row as RunInfo; TamperedJournal for a cell of the wrong type or a
         created_at that is no ISO 8601 time (what export and the views read it as)."""
@@ -872,7 +884,10 @@ class Journal:
             cur.execute(
                 self._q(f"SELECT seq, hash FROM events WHERE {where} ORDER BY {self._ord}"), args
             )
-            return [(int(r[0]), self._hash_cell(r[1], run_id, r[0])) for r in cur.fetchall()]
+            return [
+                (self._int_cell(r[0], "seq", run_id, r[0]), self._hash_cell(r[1], run_id, r[0]))
+                for r in cur.fetchall()
+            ]
 
     def run_key(self, run_id: str) -> Any:
         """The value of `run_col` in the events rows of this exact run id (for tools that
@@ -946,7 +961,7 @@ class Journal:
         )
         row = cur.fetchone()
         if row is not None and row[0] is not None:
-            return int(row[0]) + 1
+            return self._int_cell(row[0], "seq", run_id, row[0]) + 1
         cur.execute(self._q("SELECT fork_seq FROM runs WHERE run_id = ?"), (run_id,))
         r = cur.fetchone()
         if r is None:
@@ -1254,18 +1269,34 @@ class Journal:
                 far_rows = cur.fetchall()
         plain = self._unpacker.plain
         cell = self._bytes_cell
+        num = self._int_cell
         learnt = [
-            (int(r[1]), plain(str(r[0]), int(r[1]), int(r[2]), cell(r[3], "payload", r[0], r[1])))
+            (
+                num(r[1], "seq", r[0], r[1]),
+                plain(
+                    str(r[0]),
+                    num(r[1], "seq", r[0], r[1]),
+                    num(r[2], "version", r[0], r[1]),
+                    cell(r[3], "payload", r[0], r[1]),
+                ),
+            )
             for r in recent_rows
         ]
         found = [
-            (str(r[0]), int(r[1]), int(r[2]), cell(r[3], "payload", r[0], r[1])) for r in call_rows
+            (
+                str(r[0]),
+                num(r[1], "seq", r[0], r[1]),
+                num(r[2], "version", r[0], r[1]),
+                cell(r[3], "payload", r[0], r[1]),
+            )
+            for r in call_rows
         ]
         for s, stored in reversed(learnt):
             comp.learn(s, stored)
         for s, version, stored in far_rows:
             raw = cell(stored, "payload", parent, s)
-            comp.learn_far(int(s), plain(parent, int(s), int(version), raw))
+            at = num(s, "seq", parent, s)
+            comp.learn_far(at, plain(parent, at, num(version, "version", parent, s), raw))
         for owner, s, version, stored in reversed(found):
             full = self._full(owner, s, version, plain(owner, s, version, stored))
             raw = msgspec.msgpack.decode(full)
@@ -1325,7 +1356,10 @@ class Journal:
         """(version, stored payload) of one row, for resolving references to it."""
         if self._recent_src is not None and not self._recent_rows:
             self._recent_rows = {
-                (r[0], int(r[1])): (int(r[2]), self._bytes_cell(r[3], "payload", r[0], r[1]))
+                (r[0], self._int_cell(r[1], "seq", r[0], r[1])): (
+                    self._int_cell(r[2], "version", r[0], r[1]),
+                    self._bytes_cell(r[3], "payload", r[0], r[1]),
+                )
                 for r in self._recent_src
             }
         got = self._recent_rows.get((owner, seq))
@@ -1339,7 +1373,10 @@ class Journal:
                     f"journal {self._where()} lacks event {seq} of run {owner!r}, which a later"
                     " event refers to (see `car verify`)"
                 )
-            got = (int(row[0]), self._bytes_cell(row[1], "payload", owner, seq))
+            got = (
+                self._int_cell(row[0], "version", owner, seq),
+                self._bytes_cell(row[1], "payload", owner, seq),
+            )
         return got[0], self._plain(owner, seq, *got)
 
     def _plain(self, owner: str, seq: int, version: int, stored: bytes) -> bytes:
@@ -1366,7 +1403,11 @@ class Journal:
                 args,
             )
             return [
-                (int(s), int(v), self._bytes_cell(p, "payload", run_id, s))
+                (
+                    self._int_cell(s, "seq", run_id, s),
+                    self._int_cell(v, "version", run_id, s),
+                    self._bytes_cell(p, "payload", run_id, s),
+                )
                 for s, v, p in cur.fetchall()
             ]
 
@@ -1556,7 +1597,9 @@ class Journal:
                 args,
             )
             rows = cur.fetchall()
-        for seq, step, kind, version, stored, hash_ in rows:
+        for seq_cell, step, kind, version_cell, stored, hash_ in rows:
+            seq = self._int_cell(seq_cell, "seq", run_id, seq_cell)
+            version = self._int_cell(version_cell, "version", run_id, seq)
             # v3 and later store references (to texts, to earlier events): resolve them
             raw = self._bytes_cell(stored, "payload", run_id, seq)
             plain = self._plain(run_id, seq, version, raw)
@@ -1595,7 +1638,9 @@ class Journal:
             self._recent_src = rows  # what _load looks in first (built on its first use)
             try:
                 for r in rows:
-                    owner, seq, version = r[0], int(r[1]), int(r[2])
+                    owner = r[0]
+                    seq = self._int_cell(r[1], "seq", owner, r[1])
+                    version = self._int_cell(r[2], "version", owner, seq)
                     raw = self._bytes_cell(r[3], "payload", owner, seq)
                     stored = self._plain(owner, seq, version, raw)
                     e = ev.decode_stored_for_fold(stored) if version >= 4 else None
@@ -1628,7 +1673,7 @@ class Journal:
                 )
                 row = cur.fetchone()
                 if row and row[0] is not None:
-                    return int(row[0])
+                    return self._int_cell(row[0], "seq", seg.run_id, row[0])
         return None
 
     def last_stepped(self, run_id: str) -> tuple[int, int] | None:
@@ -1647,7 +1692,7 @@ class Journal:
             if row is not None:
                 step = self._step_cell(row[0], seg.run_id, row[1])
                 assert step is not None  # the query asks for a step
-                return step, int(row[1])
+                return step, self._int_cell(row[1], "seq", seg.run_id, row[1])
         return None
 
     def steps(self, run_id: str) -> int:
@@ -1732,8 +1777,34 @@ class Journal:
                             f" {self._where()} is stored as {_sql_type(row[1])}, not as bytes"
                             " (see `car verify`)"
                         )
+                    found = (seg.run_id, row[0], fold_version)
+                    if found not in self._sound_snapshots:
+                        self._check_snapshot(seg.run_id, row[0], fold_version, bytes(row[1]))
+                        if len(self._sound_snapshots) >= 4096:
+                            self._sound_snapshots.clear()
+                        self._sound_snapshots.add(found)
                     return int(row[0]), bytes(row[1])
         return None
+
+    def _check_snapshot(self, run_id: str, seq: Any, fold_version: int, blob: bytes) -> None:
+        """TamperedJournal for a snapshot that does not decode to a state of this fold version
+        folded over exactly `seq` events (whether it is the fold's state is verify's to say)."""
+        from engine.state import FOLD_VERSION, decode_state
+
+        if fold_version != FOLD_VERSION:
+            return
+        try:
+            held = decode_state(blob).seq
+        except Exception as e:  # zlib, msgspec: whatever bytes the cell holds
+            raise TamperedJournal(
+                f"run {run_id!r}'s snapshot at seq {seq!r} in {self._where()} does not decode:"
+                f" {_first_line(e)} (see `car verify`)"
+            ) from e
+        if type(seq) is not int or held != seq:
+            raise TamperedJournal(
+                f"run {run_id!r}'s snapshot at seq {seq!r} in {self._where()} holds the state"
+                f" after {held} events (see `car verify`)"
+            )
 
     # ---------------------------------------------------------------- verify
 

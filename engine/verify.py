@@ -15,6 +15,7 @@ and those are reported too. See docs/decisions.md for what is out of scope.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -86,6 +87,44 @@ _PG_TRIGGERS = {
     "0007_packed_rows": (),
 }
 MAX_FINDINGS_PER_RUN = 50
+_HISTORY_TABLES = ("events", "runs", "snapshots", "texts", "kinds")
+# what each SQLite no_rewrite trigger may test, in any revision that made it (its WHEN EXISTS)
+_REWRITE_KEYS = {
+    "events": (
+        "run_id = NEW.run_id AND seq = NEW.seq",
+        "id = NEW.run_key * 4294967296 + NEW.seq",
+    ),
+    "runs": ("run_id = NEW.run_id", "run_id = NEW.run_id OR run_key = NEW.run_key"),
+    "snapshots": ("run_id = NEW.run_id AND seq = NEW.seq AND fold_version = NEW.fold_version",),
+    "texts": ("hash = NEW.hash",),
+    "kinds": ("code = NEW.code OR name = NEW.name",),
+}
+
+
+def _trigger_refuses(name: str, table: str, sql: str) -> bool:
+    """Whether `sql` is the journal's trigger `name` (TABLE_no_update/_delete/_rewrite): before
+    that statement on that table, unconditionally (or, for a rewrite, whenever the key exists)
+    raising ABORT, as the migrations write it."""
+    target, _, action = name.partition("_no_")
+    statement = {"update": "UPDATE", "delete": "DELETE", "rewrite": "INSERT"}.get(action)
+    if statement is None or table != target:
+        return False
+    flat = " ".join(sql.split())
+    head = f"CREATE TRIGGER {name} BEFORE {statement} ON {target} "
+    body = r"BEGIN SELECT RAISE\(ABORT, '[^']*'\); END;?"
+    if action != "rewrite":
+        return re.fullmatch(re.escape(head) + body, flat) is not None
+    return any(
+        re.fullmatch(
+            re.escape(f"{head}WHEN EXISTS (SELECT 1 FROM {target} WHERE {key}) ") + body, flat
+        )
+        is not None
+        for key in _REWRITE_KEYS.get(target, ())
+    )
+
+
+# the runs columns that hold text (read as text by every reader)
+_RUN_TEXT_COLUMNS = ("run_id", "parent_run_id", "root_run_id", "scenario", "created_at", "label")
 
 
 class VerifyProblem(msgspec.Struct, frozen=True):
@@ -300,7 +339,9 @@ class _Checker:
             if rev == revision:
                 break
         if self.sqlite:
-            rows = self.query("SELECT name, 'O' FROM sqlite_master WHERE type = 'trigger'")
+            rows = self.query(
+                "SELECT name, 'O', tbl_name, sql FROM sqlite_master WHERE type = 'trigger'"
+            )
         else:
             rows = self.query(
                 "SELECT tgname, tgenabled FROM pg_trigger WHERE NOT tgisinternal"
@@ -319,24 +360,65 @@ class _Checker:
                 )
             elif have[name] == "D":
                 self.add(None, None, f"append-only trigger {name!r} is disabled", "trigger")
+        if self.sqlite:
+            self.check_trigger_bodies(rows, set(wanted))
         if revision == "0001_journal_tables":
             self.notes.append(
                 "journal at schema revision 0001: REPLACE is not refused; open it for writing "
                 "once (`car db upgrade`) to add the triggers that refuse it"
             )
 
+    def check_trigger_bodies(self, rows: list[tuple[Any, ...]], wanted: set[str]) -> None:
+        """A SQLite trigger is only its SQL: one kept under its name but made to refuse nothing
+        (a WHEN that never holds, another table, a body that does not raise) refuses nothing,
+        and another trigger on a history table may change what the engine writes."""
+        for name, _state, table, sql in rows:
+            name, table = str(name), str(table)
+            if name in wanted:
+                if _trigger_refuses(name, table, str(sql or "")):
+                    continue
+                self.add(
+                    None,
+                    None,
+                    f"append-only trigger {name!r} was altered: it no longer refuses what it"
+                    " should",
+                    "trigger",
+                )
+            elif table.lower() in _HISTORY_TABLES:
+                self.add(
+                    None,
+                    None,
+                    f"trigger {name!r} on history table {table!r} is not the journal's",
+                    "trigger",
+                )
+
     # ------------------------------------------------------------------ runs
 
     def read_runs(self) -> dict[str, _RunRow]:
-        key = f", run_key, {self.typeof('run_key')}" if self.keyed else ""
+        key = f", run_key, {self.typeof('run_key')}" if self.keyed else ", NULL, NULL"
+        # readers take these cells as text only: one stored as bytes (however valid its UTF-8)
+        # is a run they cannot read, or, as a run_id, a second row under the same name
+        typed = ", ".join(self.typeof(c) for c in _RUN_TEXT_COLUMNS)
         rows = self.query(
             f"SELECT {self.raw('run_id')}, {self.raw('parent_run_id')}, fork_seq,"
             f" {self.typeof('fork_seq')}, {self.raw('root_run_id')}, {self.raw('scenario')},"
-            f" {self.raw('created_at')}, {self.raw('label')}{key} FROM runs"
+            f" {self.raw('created_at')}, {self.raw('label')}{key}, {typed} FROM runs"
         )
         runs: dict[str, _RunRow] = {}
         for r in rows:
             rid, ok = _text(r[0])
+            if rid in runs:
+                self.add(
+                    rid,
+                    None,
+                    "a second runs row with this run id: readers see only one of them",
+                    "run_row",
+                )
+            if self.sqlite:
+                for col, ctype in zip(_RUN_TEXT_COLUMNS, r[10:], strict=True):
+                    nullable = col == "parent_run_id"
+                    if ctype != "text" and not (nullable and ctype == "null"):
+                        self.add(rid, None, f"run row's {col} is a {ctype}, not text", "type")
             run_key: Any = rid
             if self.keyed:
                 run_key = r[8]
@@ -347,7 +429,7 @@ class _Checker:
                 self.add(rid, None, "run row holds bytes that are not UTF-8 text", "encoding")
             if self.sqlite and r[3] not in ("integer", "null"):
                 self.add(rid, None, f"run row's fork_seq is a {r[3]}, not an integer", "type")
-            if texts[3][1]:
+            if texts[3][1] and not (self.sqlite and r[6] is None):  # a null: said above
                 try:
                     dt.datetime.fromisoformat(texts[3][0])
                 except ValueError:
@@ -448,10 +530,11 @@ class _Checker:
         """Re-hash every stored text; an altered one is a finding here and at every event
         that uses it."""
         rows = self.query(
-            f"SELECT {self.raw('hash')}, {self.raw('body')}, {self.typeof('body')} FROM texts"
+            f"SELECT {self.raw('hash')}, {self.raw('body')}, {self.typeof('body')},"
+            f" {self.typeof('hash')} FROM texts"
         )
         stored: dict[bytes, bytes] = {}
-        for raw_key, body, btype in rows:
+        for raw_key, body, btype, ktype in rows:
             key, _ok = _text(raw_key)
             body = bytes(body or b"")
             if self.sqlite and btype != "blob":
@@ -461,8 +544,23 @@ class _Checker:
                 if not key.startswith(ev.TEXT_PREFIX):
                     raise ValueError(key)
                 digest = bytes.fromhex(key.removeprefix(ev.TEXT_PREFIX))
+                if len(digest) != DIGEST_BYTES:
+                    raise ValueError(key)
             except ValueError:
                 self.add(None, None, f"texts row with a malformed key {key!r}", "text")
+                continue
+            if key != ev.text_key(digest) or (self.sqlite and ktype != "text"):
+                # readers look a text up by its key as text, exactly: they never see this row,
+                # so its body must not stand in for the one they do see
+                what = f"a {ktype}" if self.sqlite and ktype != "text" else "not as written"
+                self.add(
+                    None, None, f"texts row keyed {key!r} ({what}): readers never read it", "text"
+                )
+                continue
+            if digest in stored:
+                self.add(
+                    None, None, f"a second texts row under {key}: readers see only one", "text"
+                )
                 continue
             stored[digest] = body
         for digest, body in stored.items():
