@@ -710,6 +710,8 @@ class _Checker:
         resync = prev is None  # no known predecessor hash: take the first stored one
         first_finding = len(self.problems)
         packed: set[int] = set()  # seqs of v6 rows stored packed against their block
+        ended: int | None = None  # seq of the run's RunEnded: only its accusation may follow
+        accused = False
         for (
             seq,
             seq_type,
@@ -815,6 +817,13 @@ class _Checker:
                     f"step column {step!r} disagrees with the event (step {decoded.step!r})",
                     "step",
                 )
+            if ended is not None and (kind != "suspicion_declared" or accused):
+                # no writer appends to an ended run but its one accusation: a later end (another
+                # status, another outcome) or step would change what readers report
+                self.add(rid, seq, f"{kind} after the run's end (seq {ended})", "after_end")
+            accused = accused or (ended is not None and kind == "suspicion_declared")
+            if ended is None and kind == "run_ended":
+                ended = seq
         self.heads[rid] = expected
         if keep is not None:
             self.hashes[rid] = keep
