@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from journal_helpers import car
 from llm_helpers import completion, scripted_server
 from servers import free_port
 
@@ -19,18 +19,6 @@ from engine.detect.analysis import DetectError
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def car(journal: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "--journal", str(journal), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str], code: int | None = None) -> str:
