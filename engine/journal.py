@@ -604,7 +604,16 @@ class Journal:
 
     def _retyped(self, column: str) -> TamperedJournal:
         """TamperedJournal for a bytes column that a reader found holding text that is not
-        UTF-8, naming the first such cell (SQLite keeps whatever type an UPDATE gives)."""
+        UTF-8, naming the first such cell (SQLite keeps whatever type an UPDATE gives); for a
+        text column of `runs`, the run whose cell holds bytes that are not UTF-8 text."""
+        if column in _RUN_TEXT_COLUMNS:
+            rid = None
+            with contextlib.suppress(Exception):
+                rid = self._first_undecodable_run(column)
+            which = f"the {column} cell of run {rid}" if rid else f"a {column!r} cell of runs"
+            return TamperedJournal(
+                f"{which} in {self._where()} holds bytes that are not UTF-8 text (see `car verify`)"
+            )
         cell = None
         with contextlib.suppress(Exception):
             cell = self._first_retyped(column)
@@ -616,6 +625,23 @@ class Journal:
         return TamperedJournal(
             f"{cell} in {self._where()} is stored as text, not as bytes (see `car verify`)"
         )
+
+    def _first_undecodable_run(self, column: str) -> str | None:
+        """The id (shown) of the first run whose text cell `column` is not UTF-8."""
+        cur = self._conn.cursor()
+        saved = self._conn.text_factory
+        self._conn.text_factory = bytes
+        try:
+            for rid, cell in cur.execute(f"SELECT run_id, {column} FROM runs ORDER BY run_id"):
+                try:
+                    if isinstance(cell, bytes):
+                        cell.decode("utf-8")
+                except UnicodeDecodeError:
+                    return repr(_as_text(rid))
+            return None
+        finally:
+            self._conn.text_factory = saved
+            cur.close()
 
     def _first_retyped(self, column: str) -> str | None:
         """The first cell of `column` that is not stored as bytes, named (None if none)."""
@@ -1943,6 +1969,10 @@ def _first_line(e: BaseException) -> str:
 
 
 # the first cell of a texts or snapshots bytes column that is not bytes, and how it is named
+# the text columns of runs (a cell of bytes that are not UTF-8 fails every read of the row)
+_RUN_TEXT_COLUMNS = frozenset(
+    {"run_id", "parent_run_id", "root_run_id", "scenario", "created_at", "label"}
+)
 _RETYPED_CELLS = {
     "body": (
         "SELECT hash, NULL FROM texts WHERE typeof(body) != 'blob' LIMIT 1",

@@ -95,8 +95,8 @@ def test_what_addresses_the_tampered_run_still_fails_and_verify_flags_it(
 ) -> None:
     """`car show` and `car export` of the tampered run end with the one TamperedJournal line
     (exit 1), naming the run (text that is not UTF-8 fails in the driver, before the row is
-    read: that line names the column); `car verify` reports the run (exit 1); the other runs
-    read as before."""
+    read: that line names the column and the run it finds holding it); `car verify` reports
+    the run (exit 1); the other runs read as before."""
     _, roots, _branch = recorded
     bad = roots[1]
     path = _tampered(recorded, tmp_path, bad, RETYPINGS[retyping])
@@ -106,8 +106,10 @@ def test_what_addresses_the_tampered_run_still_fails_and_verify_flags_it(
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
         assert "(see `car verify`)" in lines[0], lines
-        named = "'created_at' cell" if retyping == "not UTF-8" else bad
-        assert named in lines[0], lines
+        assert bad in lines[0], lines
+        if retyping == "not UTF-8":
+            assert f"the created_at cell of run '{bad}'" in lines[0], lines
+            assert "not UTF-8 text" in lines[0] and "where bytes belong" not in lines[0]
     res = car(path, "verify")
     assert res.returncode == 1, res.stdout + res.stderr
     assert f"run {bad}" in res.stdout + res.stderr
