@@ -61,3 +61,19 @@ def unjournalable_crew() -> Any:
         ),
         source="crafted",
     )
+
+
+def fresh_pg_database(pg_url: str, prefix: str) -> str:
+    """The URL of a new, empty database named `prefix_<random>` on the test PostgreSQL
+    server of `pg_url` (a journal of its own for one test)."""
+    import uuid
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(pg_url)
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = url.set(drivername="postgresql", database="postgres").render_as_string(False)
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    return url.set(database=name).render_as_string(hide_password=False)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
-import psycopg
-from sqlalchemy.engine import make_url
+from journal_helpers import fresh_pg_database
 
 from engine.journal import HEAD_REVISION
 
@@ -63,12 +61,7 @@ def test_runs_show_state_json(tmp_path: Path) -> None:
 
 def test_cli_on_postgresql(pg_url: str) -> None:
     """The same commands run against a PostgreSQL journal: record, fork, verify."""
-    url = make_url(pg_url)
-    name = "cli_" + uuid.uuid4().hex[:10]
-    admin = url.set(drivername="postgresql", database="postgres").render_as_string(False)
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    target = url.set(database=name).render_as_string(hide_password=False)
+    target = fresh_pg_database(pg_url, "cli")
     res = car("--journal", target, "heist", "--seed", "4", "--rounds", "2", "--json")
     assert res.returncode == 0, res.stderr
     run = json.loads(res.stdout)["run_id"]

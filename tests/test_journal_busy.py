@@ -18,7 +18,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import httpx
 import psycopg
 import pytest
 import server_helpers
-from journal_helpers import ROOT, car
+from journal_helpers import ROOT, car, fresh_pg_database
 from server_helpers import Server, car_serve, finished_heist, wait_status
 from sqlalchemy.engine import make_url
 
@@ -116,12 +115,7 @@ def test_a_postgresql_lock_timeout_is_journal_busy(pg_url: str) -> None:
     """On PostgreSQL, a write that waits past `lock_timeout` for a table another session
     holds (SQLSTATE 55P03) is JournalBusy too, whether it was the run's insert or the events'
     (which the append maps itself); nothing is written."""
-    url = make_url(pg_url)
-    name = "busy_" + uuid.uuid4().hex[:10]
-    admin = url.set(drivername="postgresql", database="postgres").render_as_string(False)
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    target = url.set(database=name)
+    target = make_url(fresh_pg_database(pg_url, "busy"))
     with Journal(target.render_as_string(hide_password=False)) as j:
         run = j.create_run("s")
         head = j.append(run, _say(0), 0)

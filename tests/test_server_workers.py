@@ -102,16 +102,8 @@ def test_workers_out_of_range_is_a_usage_error(tmp_path: Path, value: str) -> No
 def test_a_journal_on_postgresql_forks_no_workers(pg_url: str) -> None:
     """Sim branches on a PostgreSQL journal run in threads (as the CLI's do), so the server
     forks no standing pool for them, whatever --workers says."""
-    import uuid
+    from journal_helpers import fresh_pg_database
 
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    url = make_url(pg_url)
-    name = "serve_" + uuid.uuid4().hex[:10]
-    admin = url.set(drivername="postgresql", database="postgres").render_as_string(False)
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    target = url.set(database=name).render_as_string(hide_password=False)
+    target = fresh_pg_database(pg_url, "serve")
     with car_serve(target, "--workers", "1") as s:  # type: ignore[arg-type]
         assert children_of(s.proc.pid) == set()
