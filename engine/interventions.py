@@ -33,6 +33,7 @@ from engine.journal import Journal
 from engine.policies.base import ChatLine, Policy
 from engine.policies.registry import POLICY_NAMES, load_policy, make_policy
 from engine.projections import conversation
+from engine.public import public_error
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
 from engine.runtime.recorder import Recorder
 from engine.runtime.seeds import step_seed
@@ -678,9 +679,12 @@ def _branch_in(
             j, parent, spec.iv, spec.branch_seed, keep=spec.keep, policy_override=policy_override
         )
     except (PolicyError, ConfigError) as e:
-        return BranchResult("", "failed", None, str(e))
+        return BranchResult("", "failed", None, public_error(str(e)))
     bad = r.outcome.get("bad") if r.status == "completed" else None
-    return BranchResult(r.run_id, r.status, None if bad is None else bool(bad), r.error)
+    # a fork's report is public (the server answers it before any verdict)
+    return BranchResult(
+        r.run_id, r.status, None if bad is None else bool(bad), public_error(r.error)
+    )
 
 
 def branch_outcome(journal: Journal, run_id: str) -> BranchResult | None:

@@ -48,3 +48,44 @@ def test_a_server_error_is_public_without_its_words(tmp_path: Path) -> None:
         assert out.stdout.strip() and "context too long" not in out.stdout, args
     revealed = car(journal, "show", run, "--reveal")
     assert "context too long (2300 tokens)" in revealed.stdout
+
+
+def _refuse(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    system = request["messages"][0]["content"]
+    return 400, {"error": {"message": f"context too long (2300 tokens): {system}"}}
+
+
+def _answer(_request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    return 200, completion("Checking the guard rota.")
+
+
+def test_a_forks_report_holds_the_status_not_the_servers_words(tmp_path: Path) -> None:
+    """A fork whose branches run against a server that refuses with a message quoting the
+    request: the report (what the server's API answers before any verdict) and `car fork`'s
+    lines keep the status, not the message; the branch's own journal keeps it whole."""
+    journal = tmp_path / "j.db"
+    with scripted_server(_answer) as good:
+        res = car(
+            journal, "heist", "--policy", "openai", "--base-url", good.url, "--model", "m",
+            "--rounds", "1", "--seed", "3", "--json",
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+    run = res.stdout.split('"run_id": "')[1].split('"')[0]
+    with scripted_server(_refuse) as bad:
+        for extra in ([], ["--json"]):
+            forked = car(
+                journal,
+                "fork",
+                run,
+                "--at",
+                "2",
+                "--do",
+                "resample",
+                "-n",
+                "1",
+                "--base-url",
+                bad.url,
+                *extra,
+            )
+            assert "HTTP 400" in forked.stdout + forked.stderr, forked.stdout + forked.stderr
+            assert "context too long" not in forked.stdout + forked.stderr

@@ -45,7 +45,7 @@ from engine.interventions import (
     policy_spec_at,
 )
 from engine.journal import Journal
-from engine.public import PublicRun
+from engine.public import PublicRun, public_error
 from engine.runtime.episode import Overrides, run_episode
 from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
 from engine.runtime.seeds import step_seed
@@ -109,9 +109,11 @@ def reference_branch(
             server=spec.get("base_url"),
         )
     except PolicyError as e:
-        return BranchResult(child, "failed", None, str(e))
+        return BranchResult(child, "failed", None, public_error(str(e)))
     bad = r.outcome.get("bad") if r.status == "completed" else None
-    return BranchResult(r.run_id, r.status, None if bad is None else bool(bad), r.error)
+    return BranchResult(
+        r.run_id, r.status, None if bad is None else bool(bad), public_error(r.error)
+    )
 
 
 @dataclass
