@@ -28,6 +28,10 @@ class ConcurrencyError(JournalError):
     """Another writer appended at the same (run_id, seq) first."""
 
 
+class RunClosed(JournalError):
+    """The run has ended: nothing may follow its `RunEnded` but its one accusation."""
+
+
 class JournalBusy(JournalError):
     """The journal stayed locked by another writer past the wait allowed for it: nothing was
     written, and the same request may succeed if tried again later."""

@@ -35,6 +35,7 @@ from engine.errors import (
     JournalBusy,
     JournalError,
     NotAJournal,
+    RunClosed,
     SchemaTooNew,
     TamperedJournal,
     UnknownRun,
@@ -122,6 +123,32 @@ def hash_cell(text: str) -> bytes:
 
 
 EventRow = tuple[str, int, int | None, str, int, bytes, str]
+
+
+#: A run's end state (`after_end`): going on; ended (only its one accusation may follow its
+#: RunEnded: decision 49); ended and accused (nothing may follow).
+OPEN, ENDED, ACCUSED = 0, 1, 2
+
+
+def after_end(run_id: str, events: Sequence[ev.Event], state: int, seq: int) -> int:
+    """The run's end state after appending `events` at `seq` in end state `state`; RunClosed
+    when an event may not follow the run's end. The journal refuses them, as `car verify`
+    names them in a journal written otherwise: a second RunEnded would turn a failed run
+    `completed`, a step after the end would change what every reader reports."""
+    for i, e in enumerate(events):
+        if state == ACCUSED or (state == ENDED and not isinstance(e, ev.SuspicionDeclared)):
+            kind = ev.kind_of(e)
+            if state == ACCUSED and isinstance(e, ev.SuspicionDeclared):
+                raise RunClosed(f"run {run_id!r} was already accused: a second {kind} refused")
+            raise RunClosed(
+                f"run {run_id!r} has ended: {kind} at seq {seq + i} refused (only its one"
+                " accusation may follow the end)"
+            )
+        if state == ENDED:
+            state = ACCUSED
+        elif isinstance(e, ev.RunEnded):
+            state = ENDED
+    return state
 
 
 def chain_rows(
@@ -302,7 +329,9 @@ class Journal:
         self._hashes: dict[tuple[str, int], str] = {}
         # fork -> its parent's head when this journal created it (read under the write lock)
         self._fork_heads: dict[str, int] = {}
-        self._head_hash: dict[str, tuple[int, str]] = {}
+        # run -> (seq of its last event this writer wrote, that event's chain hash, the
+        # run's end state after it: OPEN, ENDED or ACCUSED)
+        self._head_hash: dict[str, tuple[int, str, int]] = {}
         self._known_texts: set[bytes] = set()
         self._pending_texts: dict[bytes, bytes] = {}
         self._digests: dict[str, bytes] = {}  # text -> digest, memo of externalize
@@ -1106,7 +1135,7 @@ class Journal:
         events: Sequence[ev.Event],
         expected_seq: int | None,
         payloads: Sequence[bytes] | None,
-    ) -> tuple[list[EventRow], dict[bytes, bytes]] | None:
+    ) -> tuple[list[EventRow], dict[bytes, bytes], int] | None:
         """A step's rows hashed and compacted before its write transaction, so that the
         write lock (one per SQLite file, shared by parallel branches) is held for the inserts
         alone; None when the writer does not name the seq (then the head is read under the
@@ -1125,33 +1154,55 @@ class Journal:
         seq: int,
         payloads: Sequence[bytes] | None,
         cur: Any = None,
-    ) -> tuple[list[EventRow], dict[bytes, bytes]]:
+    ) -> tuple[list[EventRow], dict[bytes, bytes], int]:
         """The step's rows at `seq`, chained to the hash before it (this writer's cached head
         hash, else the row, read with `cur` or a read cursor of its own), in their stored
-        form; and the long texts they name."""
+        form; the long texts they name; and the run's end state after them. RunClosed when
+        the run has ended and the step is not its one accusation."""
         cached = self._head_hash.get(run_id)
         if cached is not None and cached[0] == seq - 1:
-            prev = cached[1]
+            prev, state = cached[1], cached[2]
         elif seq <= 0:
-            prev = ""
+            prev, state = "", OPEN
         else:
             if not self.lineage(run_id):
                 raise UnknownRun(f"unknown run id {run_id!r}")
             if cur is None:
                 with self._read() as c:
                     prev = self._hash_at(c, run_id, seq - 1)
+                    state = self._end_state(c, run_id, seq)
             else:
                 prev = self._hash_at(cur, run_id, seq - 1)
+                state = self._end_state(cur, run_id, seq)
+        state = after_end(run_id, events, state, seq)
         rows = chain_rows(run_id, events, seq, prev, payloads, self.write_version)
         if self.write_version >= 4:
-            return self._compact(run_id, rows)
-        return self._store_texts(rows)
+            return (*self._compact(run_id, rows), state)
+        return (*self._store_texts(rows), state)
+
+    def _end_state(self, cur: Any, run_id: str, seq: int) -> int:
+        """The run's end state before its event `seq` (read from its last two events): the
+        history before a branch's fork point is its parent's, which had not ended there."""
+        if self._owner(run_id, seq - 1) != run_id:
+            return OPEN
+        where, args = self._span(cur, run_id, max(0, seq - 2), seq)
+        cur.execute(self._q(f"SELECT seq, kind FROM events WHERE {where}"), args)
+        kinds = {
+            self._int_cell(r[0], "seq", run_id, r[0]): self._kind(r[1], run_id, r[0])
+            for r in cur.fetchall()
+        }
+        last = kinds.get(seq - 1)
+        if last == "run_ended":
+            return ENDED
+        if last == "suspicion_declared" and kinds.get(seq - 2) == "run_ended":
+            return ACCUSED
+        return OPEN
 
     def _insert(
-        self, cur: Any, run_id: str, rows: list[EventRow], texts: dict[bytes, bytes]
+        self, cur: Any, run_id: str, rows: list[EventRow], texts: dict[bytes, bytes], state: int
     ) -> int:
         """Write a step's stored rows and the new texts they refer to (in the append's
-        transaction); the new head."""
+        transaction); the new head. `state`: the run's end state after them."""
         self._insert_texts(cur, {d: b for d, b in texts.items() if d not in self._known_texts})
         seq = rows[-1][1] + 1
         prev = rows[-1][6]
@@ -1187,7 +1238,7 @@ class Journal:
             raise failed(
                 f"append to run {run_id!r} in {self._where()} failed: {_first_line(e)}"
             ) from e
-        self._head_hash[run_id] = (seq - 1, prev)
+        self._head_hash[run_id] = (seq - 1, prev, state)
         return seq
 
     def _compact(

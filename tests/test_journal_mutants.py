@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -51,10 +52,13 @@ ACCUSE = ev.SuspicionDeclared(suspect="a", verdict="SUCCESS", mole="a", strategy
 )
 def test_status_from_the_last_events(j: Journal, tail: list[ev.Event], status: str) -> None:
     """status(): RunEnded's status (looking past up to two accusations), paused after a
-    pause, else recording while this process holds the lease."""
+    pause, else recording while this process holds the lease. The tails past one accusation
+    are journals the append rule refuses (decision 49), written before it or forged: written
+    here with the rule off, as the reader must still read them."""
     run = j.create_run("s")
     if tail:
-        j.append(run, tail, 0)
+        with mock.patch.object(jm, "after_end", lambda _r, _e, state, _s: state):
+            j.append(run, tail, 0)
     assert j.status(run) == status
 
 

@@ -5,6 +5,7 @@ another outcome) or a step appended after it, with a chain as valid as any, chan
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 from journal_helpers import car
 
@@ -29,9 +30,17 @@ def test_an_accusation_after_the_end_is_history(tmp_path: Path) -> None:
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr
 
 
+def _forging() -> mock._patch[object]:
+    """A writer without the journal's end rule (an older `car`, or anyone writing the file
+    with their own code): `Journal.append` itself refuses these events (decision 49), so
+    they are forged by switching its rule off, the one way to write them with this code."""
+    return mock.patch("engine.journal.after_end", lambda _run, _events, state, _seq: state)
+
+
 def test_an_end_or_a_step_after_the_end_is_a_finding(tmp_path: Path) -> None:
     """A second RunEnded (the failed heist made `completed` with a good outcome), a message
-    after the end, and a second accusation: each a finding naming its seq, exit 1."""
+    after the end, and a second accusation, written by a forger: each a finding naming its
+    seq, exit 1."""
     cases = {
         "second end": [ev.RunEnded(status="completed", outcome={"bad": False, "score": 1.0})],
         "a step": [ev.ChatMessage(step=6, agent="planner", text="all is well")],
@@ -39,7 +48,7 @@ def test_an_end_or_a_step_after_the_end_is_a_finding(tmp_path: Path) -> None:
     for name, events in cases.items():
         path = tmp_path / f"{name.replace(' ', '-')}.db"
         run = _heist(path)
-        with Journal(path) as j:
+        with Journal(path) as j, _forging():
             head = j.head(run)
             j.append(run, events, head)
         res = car(path, "verify")
@@ -51,6 +60,7 @@ def test_an_end_or_a_step_after_the_end_is_a_finding(tmp_path: Path) -> None:
         accuse_run(j, run, "intel")
         head = j.head(run)
         again = ev.SuspicionDeclared(suspect=None, verdict="FAILURE", mole="x", strategy="y")
-        j.append(run, [again], head)
+        with _forging():
+            j.append(run, [again], head)
     res = car(path, "verify")
     assert res.returncode == 1 and "suspicion_declared after the run's end" in res.stdout
