@@ -59,7 +59,13 @@ def _version_key(path: Path) -> tuple[int, ...]:
 
 
 def pg_bindir() -> Path:
-    """The directory holding the PostgreSQL server binaries (initdb, pg_ctl), newest first."""
+    """The directory holding the PostgreSQL server binaries (initdb, pg_ctl): the pinned
+    version's that scripts/test names in CAR_PG_BINDIR, else the newest installed."""
+    pinned = os.environ.get("CAR_PG_BINDIR")
+    if pinned:
+        if not (Path(pinned) / "initdb").is_file():
+            raise ServerError(f"CAR_PG_BINDIR={pinned} holds no initdb; scripts/test installs it")
+        return Path(pinned)
     candidates = sorted(
         (d for d in Path("/usr/lib/postgresql").glob("*/bin") if (d / "initdb").is_file()),
         key=_version_key,
