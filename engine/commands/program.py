@@ -36,16 +36,20 @@ MatchOpt = Annotated[
 
 @contextlib.contextmanager
 def _terminations() -> Iterator[None]:
-    """SIGTERM ends a recording like Ctrl-C: the run is closed as stopped, never left open."""
+    """SIGTERM and SIGHUP (the terminal closed) end a recording or a replay like Ctrl-C: the
+    program is stopped and the run closed as stopped, never left open. The program runs in a
+    session of its own (engine.program.session.run_command), so no signal of the terminal's
+    reaches it but through car."""
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _interrupted(what: str) -> None:
@@ -103,7 +107,8 @@ def record_cmd(
     The program gets OPENAI_BASE_URL pointing at the proxy (and OPENAI_API_KEY if unset);
     each chat completion is forwarded to the upstream and journaled. Agents are named by
     the X-Car-Agent header, the request's `user` field, or the system prompt. Exits with
-    the program's exit status."""
+    the program's exit status (128+N when signal N killed it); 1 when the run failed (an
+    upstream or journal fault), 130 when interrupted."""
     from engine.program.session import record, resolve_upstream
 
     cmd = list(command or [])
@@ -144,12 +149,30 @@ def record_cmd(
             else ""
         )
         err.print(
-            f"error: the program exited with status {run.exit_status}{why} (run {run.run_id} "
+            f"error: the program {_ended_how(run.exit_status)}{why} (run {run.run_id} "
             "closed, outcome bad)",
             highlight=False,
             markup=False,
         )
-        raise SystemExit(run.exit_status if run.exit_status > 0 else 1)
+        raise SystemExit(_exit_code(run.exit_status))
+
+
+def _ended_how(status: int) -> str:
+    """How a program that failed ended, as a user reads it (a negative status is Python's
+    way of saying it was killed by that signal)."""
+    if status >= 0:
+        return f"exited with status {status}"
+    try:
+        name = f" ({signal.Signals(-status).name})"
+    except ValueError:
+        name = ""
+    return f"was killed by signal {-status}{name}"
+
+
+def _exit_code(status: int) -> int:
+    """car's exit status for a program that failed: the program's own, or 128+N when signal N
+    killed it (as a shell reports it), so `car record -- CMD` exits as CMD would have."""
+    return status if status > 0 else 128 + min(-status, 127)
 
 
 def replay_cmd(
@@ -170,7 +193,7 @@ def replay_cmd(
     from engine.program.session import replay
 
     mode = _match(match)
-    with open_journal(create=False) as j:
+    with open_journal(create=False) as j, _terminations():
         try:
             report = replay(
                 j,
@@ -189,7 +212,8 @@ def replay_cmd(
         _print_replay(report)
     if report.error:
         fail(report.error)
-    if report.fidelity != 1.0 or not report.outcome_match:
+    # no fidelity: neither the recording nor the replay made a call - nothing diverged
+    if report.fidelity not in (1.0, None) or not report.outcome_match:
         fail(
             f"the replay diverged: fidelity {_pct(report.fidelity)}"
             + ("" if report.outcome_match else ", outcome differs")

@@ -69,6 +69,7 @@ from engine.program.upstream import (
 from engine.runtime.recorder import Recorder
 
 MAX_BODY = 64 << 20
+HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
 def _run_tool(run: Any) -> tuple[Any, str, Exception | None]:
@@ -78,6 +79,15 @@ def _run_tool(run: Any) -> tuple[Any, str, Exception | None]:
     except Exception as e:
         return None, f"{type(e).__name__}: {e}", e
     return value, (value if isinstance(value, str) else wire.canonical(value)), None
+
+
+class BadBody(EngineError):
+    """A request whose body cannot be read: a bad length or chunk, or over MAX_BODY."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = "car_request_too_large" if status == 413 else "car_bad_request"
 
 
 class Miss(EngineError):
@@ -512,10 +522,44 @@ class _Handler(BaseHTTPRequestHandler):
             self._end_stream()
 
     def _body(self) -> bytes:
-        n = int(self.headers.get("Content-Length") or 0)
+        """The request's body, by its Content-Length or chunked (an HTTP/1.1 client that does
+        not know the length beforehand may send it so), at most MAX_BODY bytes. BadBody when
+        it cannot be read: the connection is then closed, since what is left of the body
+        would be read as the next request."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return self._chunked_body()
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return b""
+        if not raw.strip().isdigit() or not raw.strip().isascii():
+            raise BadBody(400, f"the request's Content-Length is not a byte count: {raw!r}")
+        n = int(raw)
         if n > MAX_BODY:
-            raise ValueError(f"request body of {n} bytes is over the {MAX_BODY}-byte limit")
+            raise BadBody(413, f"request body of {n} bytes is over the {MAX_BODY}-byte limit")
         return self.rfile.read(n) if n else b""
+
+    def _chunked_body(self) -> bytes:
+        """A body in chunked transfer coding (RFC 9112 section 7.1), its chunk extensions and
+        trailers skipped."""
+        out = bytearray()
+        while True:
+            line = self.rfile.readline(1024)
+            size = line.split(b";", 1)[0].strip()
+            if not line.endswith(b"\n") or not size or size.strip(HEX_DIGITS):
+                raise BadBody(400, "the request's chunked body is malformed (a bad chunk size)")
+            n = int(size, 16)
+            if n == 0:
+                break
+            if len(out) + n > MAX_BODY:
+                raise BadBody(413, f"the request body is over the {MAX_BODY}-byte limit")
+            data = self.rfile.read(n)
+            if len(data) < n or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                raise BadBody(400, "the request's chunked body is malformed (a chunk cut short)")
+            out += data
+        for _ in range(100):  # trailer fields, up to the empty line
+            if self.rfile.readline(8192) in (b"\r\n", b"\n", b""):
+                break
+        return bytes(out)
 
     def _upstream_headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
@@ -535,9 +579,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._sent = self._streaming = False
         try:
             raw = self._body()
-        except ValueError as e:
+        except BadBody as e:
             self.close_connection = True
-            self._error(413, str(e), "car_request_too_large")
+            self._error(e.status, str(e), e.kind)
             return
         path = self.path.split("?", 1)[0].rstrip("/")
         if path.endswith("/chat/completions"):

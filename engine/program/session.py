@@ -8,20 +8,24 @@ whose outcome is the program's exit status and the outcome command's: `bad` unle
 Whatever ends the execution, the run is closed: the program's own exit (any status) ends it
 `completed`; a replay miss, an upstream that fails a call (unreachable, too slow, a cut, malformed
 or oversized reply; in a fork's branch also an HTTP error) or a journal error end it `failed`
-with that reason; Ctrl-C ends it `stopped` (the calls in flight abandoned at once). Only a
+with that reason; Ctrl-C, SIGTERM or SIGHUP end it `stopped` (the calls in flight abandoned at
+once; the program, in a session of its own, terminated by car - `run_command`). Only a
 SIGKILL of `car` itself leaves it open, and then the writer lease says so (engine.journal:
 `abandoned`, closed by `car runs --close-abandoned`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shlex
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
 from typing import Any
 
 import msgspec
@@ -81,10 +85,26 @@ def resolve_upstream(base_url: str | None, env: Mapping[str, str] | None = None)
 
 
 def check_command(cmd: Sequence[str]) -> None:
+    """ProgramError (one line) unless `cmd` can be started, checked before any run is created:
+    a command that cannot start must leave nothing in the journal. Found the way the
+    program is started (execvp): a bare name on PATH only, a path with a `/` as it is, an
+    executable file either way."""
     if not cmd:
         raise ProgramError("no command to run: give it after `--`, e.g. -- python agents.py")
-    if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):
-        raise ProgramError(f"cannot run {cmd[0]!r}: no such program")
+    prog = cmd[0]
+    if shutil.which(prog) is not None:
+        return
+    if os.sep not in prog:
+        here = f" (the file here is run as ./{prog})" if os.path.isfile(prog) else ""
+        raise ProgramError(f"cannot run {prog!r}: no such program on PATH{here}")
+    if os.path.isdir(prog):
+        raise ProgramError(f"cannot run {prog!r}: it is a directory")
+    if os.path.exists(prog):
+        raise ProgramError(
+            f"cannot run {prog!r}: it is not executable (chmod +x it, or give its "
+            "interpreter first, e.g. -- python prog.py)"
+        )
+    raise ProgramError(f"cannot run {prog!r}: no such program")
 
 
 def program_env(proxy_url: str, run_id: str | None) -> dict[str, str]:
@@ -97,39 +117,83 @@ def program_env(proxy_url: str, run_id: str | None) -> dict[str, str]:
 
 
 def run_command(cmd: Sequence[str], env: Mapping[str, str], stdout: Any = None) -> int:
-    """Run the program to its end; its exit status (negative: killed by that signal). On
-    Ctrl-C the program gets SIGINT too (it shares the terminal), some seconds to exit, then
-    SIGTERM and SIGKILL; the KeyboardInterrupt is re-raised once it is gone."""
+    """Run the program to its end; its exit status (negative: killed by that signal).
+
+    The program runs in a session of its own, so the terminal's Ctrl-C reaches car alone:
+    car stops the program itself - SIGTERM to the program's process group (its own children
+    too), some seconds to exit, then SIGKILL - and says so in one line, instead of the
+    program dying of the same SIGINT and printing its own KeyboardInterrupt traceback over
+    car's line. Being no terminal's member, it can still read and write the terminal (job
+    control only applies to a process's controlling terminal); Ctrl-Z is passed on to it
+    (`_job_control`). The KeyboardInterrupt is re-raised once it is gone."""
     from engine.workers import STOP
 
-    proc = subprocess.Popen(list(cmd), env=dict(env), stdout=stdout)
+    proc = subprocess.Popen(list(cmd), env=dict(env), stdout=stdout, start_new_session=True)
     try:
-        while True:
-            try:
-                return proc.wait(timeout=0.05)
-            except subprocess.TimeoutExpired:
-                pass
-            # under the counterfactual commands' interrupt handling (engine.workers) Ctrl-C
-            # only sets STOP, and the process ends soon after: stop the program at once
-            if STOP.is_set():
-                _stop(proc, grace=0.3)
-                raise KeyboardInterrupt
-    except KeyboardInterrupt:
+        with _job_control(proc):
+            while True:
+                try:
+                    return proc.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    pass
+                # under the counterfactual commands' interrupt handling (engine.workers)
+                # Ctrl-C only sets STOP, and the process ends soon after: stop the program
+                # at once
+                if STOP.is_set():
+                    _stop(proc, grace=0.3)
+                    raise KeyboardInterrupt
+    except BaseException:
+        # Ctrl-C, SIGTERM, or anything else that ends car: the program must not outlive it
         _stop(proc)
         raise
 
 
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """`sig` to the program's process group (it leads it), unless it is already reaped."""
+    if proc.returncode is not None:
+        return  # reaped: its id may be another process's by now
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
 def _stop(proc: subprocess.Popen[bytes], grace: float = STOP_GRACE) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    """SIGTERM, then SIGKILL after `grace` seconds (at once on a second Ctrl-C), to the
+    program's process group. Not SIGINT: a Python program would print a traceback for it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:
             return
+        _signal_group(proc, sig)
         try:
-            proc.send_signal(sig)
-            proc.wait(timeout=grace if sig == signal.SIGINT else min(grace, 2.0))
+            proc.wait(timeout=grace)
+            return
         except subprocess.TimeoutExpired:
             continue
         except KeyboardInterrupt:
-            continue  # a second Ctrl-C: go on to the next, harder signal
+            continue  # a second Ctrl-C: go on to SIGKILL
+
+
+@contextlib.contextmanager
+def _job_control(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Ctrl-Z (SIGTSTP) stops the program with car, and `fg` continues both: the program is
+    in a session of its own, so the terminal's SIGTSTP reaches car alone. Only in the main
+    thread (a fork's concurrent branches run in others, and signal handlers are the main
+    thread's)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_tstp(signum: int, frame: FrameType | None) -> None:
+        _signal_group(proc, signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # car stops here, until SIGCONT
+        signal.signal(signal.SIGTSTP, on_tstp)
+        _signal_group(proc, signal.SIGCONT)
+
+    previous = signal.signal(signal.SIGTSTP, on_tstp)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTSTP, previous)
 
 
 def run_outcome(command: str, env: Mapping[str, str], exit_status: int, stdout: Any = None) -> int:
