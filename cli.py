@@ -370,7 +370,10 @@ def heist_cmd(
         if callable(cancel):
             cancel()
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    # SIGTERM (a supervisor) and SIGHUP (the terminal closed) end a heist as Ctrl-C does: the
+    # run closed as stopped, rather than left to be found abandoned
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_sigint) for s in stops}
     try:
         import importlib
 
@@ -484,7 +487,8 @@ def heist_cmd(
         if interrupts:
             _interrupted(f"interrupted: run {result.run_id} had already {result.status}")
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 # the command groups of engine/commands are listed in engine/commands/lazy.py (COMMANDS) and

@@ -92,8 +92,10 @@ def hard_exit(message: str = "interrupted", code: int = 130) -> None:
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """Within this block SIGINT (and SIGTERM) request a stop instead of raising at a random
-    point; a second one, or a wind-down longer than GRACE, ends the process at once."""
+    """Within this block SIGINT (and SIGTERM, and SIGHUP: the terminal closed) request a stop
+    instead of raising at a random point; a second one, or a wind-down longer than GRACE, ends
+    the process at once. SIGHUP must not kill the process outright: a recorded program a
+    branch runs is in a session of its own (engine.program.session) and would outlive it."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be installed from the main thread
         return
@@ -107,7 +109,8 @@ def interruptible() -> Iterator[None]:
         timer.daemon = True
         timer.start()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in stops}
     try:
         yield
     finally:

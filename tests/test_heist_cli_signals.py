@@ -151,6 +151,28 @@ def test_sigint_at_any_moment_exits_130_with_one_line(
             assert lines[0] == "interrupted"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_term_or_hangup_closes_the_run_as_stopped(
+    tmp_path: Path, interpreter_startup: float, sig: int
+) -> None:
+    """SIGTERM (a supervisor) or SIGHUP (the terminal closed) in the middle of a heist end it
+    as Ctrl-C does: exit 130, one line, the run closed as stopped (it was killed outright and
+    its run left for `car runs` to find abandoned)."""
+    db = tmp_path / "j.db"
+    proc = start(["--journal", str(db), "heist", "--rounds", "5000", "--seed", "2"], tmp_path)
+    time.sleep(interpreter_startup + 3.0)  # well into the heist (see the SIGINT test)
+    proc.send_signal(sig)
+    try:
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (proc.returncode, stderr)
+    assert re.fullmatch(r"stopped: run \w+ was closed after \d+ steps\n", stderr), stderr
+    with Journal(db, create=False) as j:
+        (run,) = j.runs()
+        assert j.status(run.run_id) == "stopped" and j.verify(run.run_id).ok
+
+
 def test_sigint_during_a_hanging_llm_call_stops_the_run_at_once(tmp_path: Path) -> None:
     """Ctrl-C while the model server hangs (with --timeout 60) aborts the call: exit 130
     within 2 s, the run closed as stopped after its two whole steps, no failed step."""

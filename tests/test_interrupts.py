@@ -125,6 +125,24 @@ def test_ctrl_c_stops_quickly_and_closes_open_branches(
         assert j.verify().ok
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_term_or_hangup_stops_like_ctrl_c(failed_heist: tuple[Path, str], sig: int) -> None:
+    """SIGTERM (a supervisor) and SIGHUP (the terminal closed) in the middle of a fork end it
+    as Ctrl-C does: one line, no process left, every branch it opened closed as stopped (a
+    SIGHUP killed the command outright and left its open branches `recording`)."""
+    journal, run = failed_heist
+    before = branch_count(journal, run)
+    proc = start(journal, "fork", run, "--at", "2", "--do", "resample", "-n", "400", "-c", "2")
+    wait_for_branches(journal, run, before, proc)
+    os.killpg(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 130, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted"), stderr
+    assert gone_within(proc.pid, 2.0) == []
+    assert open_branches(journal, run) == []
+
+
 def test_kill_9_of_attribute_leaves_no_worker(failed_heist: tuple[Path, str]) -> None:
     """SIGKILL of `car attribute -c 2` (nothing can run in the killed process): its worker
     process notices and exits within a few seconds, closing its branch as stopped; the branch
