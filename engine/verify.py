@@ -2,10 +2,13 @@
 
 It trusts nothing the store holds and reports every corruption as a finding (run, seq, what),
 never a traceback: a damaged file (SQLite `quick_check`), renamed or dropped tables and columns,
-a disabled or dropped append-only trigger, cells of the wrong type (a payload stored as TEXT,
-bytes that are not UTF-8 in a TEXT column), events whose run has no row, a fork point outside its
-parent, a hash chain that does not re-derive, a `kind` or `step` column that disagrees with the
-event it indexes, and snapshots that differ from the fold they cache (verify re-folds them).
+a disabled, dropped or altered append-only trigger (on PostgreSQL also the body of the function
+it runs, replica-only firing, session_replication_role, rules and row-level security), cells of
+the wrong type (a payload stored as TEXT, bytes that are not UTF-8 in a TEXT column), event rows
+outside the id range of every run, texts no event uses, a fork point outside its parent, a hash
+chain that does not re-derive, a `kind` or `step` column that disagrees with the event it
+indexes, rows newer than the schema revision allows, and snapshots that differ from the fold
+they cache (verify re-folds them).
 
 What a chain alone cannot show — a run re-chained from some seq on, a truncated tail, a deleted
 run, an altered run row — needs an anchor kept outside the journal (`engine.anchor`); pass it
@@ -86,7 +89,31 @@ _PG_TRIGGERS = {
     "0006_positional_events": (),
     "0007_packed_rows": (),
 }
+# what each PostgreSQL trigger of the journal is (pg_trigger.tgtype): BEFORE (2), FOR EACH ROW
+# (1), on UPDATE (16), DELETE (8) or TRUNCATE (32, per statement); no WHEN, no column list
+_PG_TRIGGER_TYPES = {"append_only": 27, "no_truncate": 34, "write_once": 19, "no_delete": 11}
+# the body of the function every one of them runs, as revision 0001 creates it (written down
+# here, not imported: reading a journal needs no Alembic); compared with its words re-spaced
+PG_REFUSE_FUNCTION = "car_refuse_change"
+PG_REFUSE_BODY = """
+BEGIN
+  RAISE EXCEPTION 'journal % are append-only: % refused', TG_TABLE_NAME, TG_OP
+    USING ERRCODE = 'integrity_constraint_violation';
+END;
+"""
+# the newest event schema a journal at each revision may hold (a revision marks the journal as
+# one that may hold its rows, so that an older engine refuses it whole at open)
+_MAX_EVENT_VERSION = {
+    "0001_journal_tables": 2,
+    "0002_refuse_rewrites": 2,
+    "0003_texts": 3,
+    "0004_event_refs": 4,
+    "0005_integer_rows": 4,
+    "0006_positional_events": 5,
+    "0007_packed_rows": 6,
+}
 MAX_FINDINGS_PER_RUN = 50
+MAX_FILE_FINDINGS = 10  # of one kind about the whole file (unused texts, ...), then a count
 _HISTORY_TABLES = ("events", "runs", "snapshots", "texts", "kinds")
 # what each SQLite no_rewrite trigger may test, in any revision that made it (its WHEN EXISTS)
 _REWRITE_KEYS = {
@@ -206,6 +233,11 @@ class _Checker:
         # digest -> the text as stored, and the digests whose text no longer matches its key
         self.texts: dict[bytes, bytes] = {}
         self.bad_texts: set[bytes] = set()
+        # the digests events refer to (directly or through the rows they are rebuilt from)
+        self.used_texts: set[bytes] = set()
+        # run -> how many rows its check read (its id range): what the orphan check accounts
+        self.span_rows: dict[str, int] = {}
+        self.newest_version = -1  # the newest event schema of any row read
         # v4 payloads refer to earlier events: resolved from the rows as stored
         self.runs: dict[str, _RunRow] = {}
         self.resolver = ev.Resolver(self.owner_of, self.load_row, self.stored_text, self.parent_of)
@@ -261,8 +293,13 @@ class _Checker:
                 self.guarded(f"run {rid}", self.check_run, runs, rid)
             if run_id is None:
                 self.guarded("events without a run", self.check_orphans, runs)
+                if "texts" in tables:
+                    self.guarded("the texts' use", self.check_unused_texts)
+            self.check_event_versions()
         if "snapshots" in tables and "events" in tables:
             self.guarded("the snapshots", self.check_snapshots, runs, set(targets))
+        if run_id is None and self.j.revision not in (None, "0001_journal_tables"):
+            self.guarded("the leases", self.check_leases, runs)
         if anchor is not None:
             from engine.anchor import compare_anchor
 
@@ -328,7 +365,21 @@ class _Checker:
             if not missing:
                 usable.add(table)
         self.check_triggers()
+        self.guarded("alembic_version", self.check_alembic_version)
         return usable
+
+    def check_alembic_version(self) -> None:
+        """One row: which of several a reader takes depends on the order it reads them in."""
+        if self.j.revision is None:
+            return
+        (n,) = self.query("SELECT count(*) FROM alembic_version")[0]
+        if n != 1:
+            self.add(
+                None,
+                None,
+                f"alembic_version holds {n} rows, not one: the schema revision is ambiguous",
+                "schema",
+            )
 
     def check_triggers(self) -> None:
         revision = self.j.revision or ""
@@ -342,13 +393,9 @@ class _Checker:
             rows = self.query(
                 "SELECT name, 'O', tbl_name, sql FROM sqlite_master WHERE type = 'trigger'"
             )
+            have = {str(r[0]) for r in rows}
         else:
-            rows = self.query(
-                "SELECT tgname, tgenabled FROM pg_trigger WHERE NOT tgisinternal"
-                " AND tgrelid IN (SELECT oid FROM pg_class WHERE relname IN"
-                " ('events', 'runs', 'snapshots', 'texts', 'kinds'))"
-            )
-        have = {str(r[0]): str(r[1]) for r in rows}
+            have = self.check_pg_triggers(set(wanted))
         for name in wanted:
             if name not in have:
                 self.add(
@@ -358,10 +405,10 @@ class _Checker:
                     "rewrites",
                     "trigger",
                 )
-            elif have[name] == "D":
-                self.add(None, None, f"append-only trigger {name!r} is disabled", "trigger")
         if self.sqlite:
             self.check_trigger_bodies(rows, set(wanted))
+        else:
+            self.guarded("the triggers' settings", self.check_pg_firing)
         if revision == "0001_journal_tables":
             self.notes.append(
                 "journal at schema revision 0001: REPLACE is not refused; open it for writing "
@@ -391,6 +438,126 @@ class _Checker:
                     f"trigger {name!r} on history table {table!r} is not the journal's",
                     "trigger",
                 )
+
+    def check_pg_triggers(self, wanted: set[str]) -> set[str]:
+        """The names of the journal's triggers found on their tables (of the current schema,
+        the one readers read), after a finding for each that is disabled or fires only in
+        replica sessions, is made to fire on something else (another event, a WHEN, a column
+        list, AFTER), runs a function whose body is not the journal's (CREATE OR REPLACE
+        FUNCTION: a body that returns without raising refuses nothing), or is on a history
+        table and is not the journal's at all."""
+        rows = self.query(
+            "SELECT t.tgname, t.tgenabled, c.relname, t.tgtype,"
+            " t.tgqual IS NULL AND t.tgattr::text = '' AND t.tgconstraint = 0,"
+            " t.tgfoid::regprocedure::text, l.lanname, p.prosrc"
+            " FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_language l ON l.oid = p.prolang"
+            " WHERE NOT t.tgisinternal AND c.relnamespace = current_schema()::regnamespace"
+            " AND c.relname IN ('events', 'runs', 'snapshots', 'texts', 'kinds')"
+            " ORDER BY c.relname, t.tgname"
+        )
+        want_body = " ".join(PG_REFUSE_BODY.split())
+        found: set[str] = set()
+        altered: dict[str, list[str]] = defaultdict(list)  # function -> the triggers running it
+        for name, state, table, tgtype, plain, function, language, source in rows:
+            name, table = str(name), str(table)
+            target, _, action = name.partition("_")
+            if name not in wanted or target != table:
+                self.add(
+                    None,
+                    None,
+                    f"trigger {name!r} on history table {table!r} is not the journal's",
+                    "trigger",
+                )
+                continue
+            found.add(name)
+            if state == "D":
+                self.add(None, None, f"append-only trigger {name!r} is disabled", "trigger")
+            elif state == "R":
+                self.add(
+                    None,
+                    None,
+                    f"append-only trigger {name!r} fires only in replica sessions: it refuses"
+                    " nothing otherwise",
+                    "trigger",
+                )
+            if tgtype != _PG_TRIGGER_TYPES.get(action) or not plain:
+                self.add(
+                    None,
+                    None,
+                    f"append-only trigger {name!r} was altered: it no longer refuses what it"
+                    " should",
+                    "trigger",
+                )
+            elif language != "plpgsql" or " ".join(str(source or "").split()) != want_body:
+                altered[str(function)].append(name)
+        for function, names in altered.items():
+            self.add(
+                None,
+                None,
+                f"append-only trigger function {function} is not the journal's (replaced?):"
+                f" {', '.join(names)} may refuse nothing",
+                "trigger",
+            )
+        return found
+
+    def check_pg_firing(self) -> None:
+        """What makes the triggers not fire although they are intact, or readers not see
+        every row: session_replication_role set to replica for the database or a role (no
+        ORIGIN trigger fires in such a session), a rule on a history table (it rewrites what
+        the engine writes or reads), row-level security on one (it hides rows from a role)."""
+        (role,) = self.query("SELECT current_setting('session_replication_role')")[0]
+        if str(role) != "origin":
+            self.add(
+                None,
+                None,
+                f"session_replication_role is {role!r} in this session: the append-only"
+                " triggers do not fire in it",
+                "trigger",
+            )
+        rows = self.query(
+            "SELECT s.setdatabase <> 0, coalesce(r.rolname, ''), c FROM pg_db_role_setting s"
+            " LEFT JOIN pg_roles r ON r.oid = s.setrole, unnest(s.setconfig) AS c"
+            " WHERE s.setdatabase IN (0, (SELECT oid FROM pg_database"
+            " WHERE datname = current_database()))"
+        )
+        for this_db, who, setting in rows:
+            key, _, value = str(setting).partition("=")
+            if key.strip().lower() != "session_replication_role" or value == "origin":
+                continue
+            where = "this database" if this_db else "every database"
+            if who:
+                where = f"role {who!r} in {where}"
+            self.add(
+                None,
+                None,
+                f"session_replication_role is set to {value!r} for {where}: the append-only"
+                " triggers do not fire in its sessions",
+                "trigger",
+            )
+        history = "('events', 'runs', 'snapshots', 'texts', 'kinds')"
+        for name, table in self.query(
+            "SELECT rulename, tablename FROM pg_rules WHERE schemaname = current_schema()"
+            f" AND tablename IN {history} ORDER BY tablename, rulename"
+        ):
+            self.add(
+                None,
+                None,
+                f"rule {str(name)!r} on history table {str(table)!r} is not the journal's",
+                "trigger",
+            )
+        for (table,) in self.query(
+            "SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace"
+            f" AND relname IN {history} AND (relrowsecurity OR relforcerowsecurity)"
+            " ORDER BY relname"
+        ):
+            self.add(
+                None,
+                None,
+                f"row-level security is on for history table {str(table)!r}: readers may not"
+                " see all of its rows",
+                "trigger",
+            )
 
     # ------------------------------------------------------------------ runs
 
@@ -442,6 +609,20 @@ class _Checker:
             parent = texts[0][0] if r[1] is not None else None
             fork_seq = r[2] if isinstance(r[2], int) else None
             runs[rid] = _RunRow(rid, parent, fork_seq, texts[1][0], run_key)
+        owner_of_key: dict[Any, str] = {}
+        for info in runs.values():
+            if not self.keyed or not isinstance(info.key, int):
+                continue
+            other = owner_of_key.setdefault(info.key, info.run_id)
+            if other != info.run_id:
+                # (PostgreSQL, its UNIQUE constraint dropped) both read the same event rows
+                self.add(
+                    info.run_id,
+                    None,
+                    f"run_key {info.key} is also that of run {other!r}: each reads the other's"
+                    " events",
+                    "run_row",
+                )
         for info in runs.values():
             if info.parent_run_id is None:
                 if info.fork_seq is not None:
@@ -594,6 +775,7 @@ class _Checker:
         except Exception as e:
             self.add(rid, seq, f"stored payload does not parse: {e}", "undecodable")
             return None
+        self.used_texts.update(refs)
         for d in refs:
             if d not in self.texts:
                 self.add(rid, seq, f"uses text {ev.text_key(d)}, which is missing", "text")
@@ -650,6 +832,7 @@ class _Checker:
         return [(int(s), int(v), bytes(p or b"")) for s, v, p in rows]
 
     def stored_text(self, digest: bytes) -> bytes:
+        self.used_texts.add(digest)
         if digest not in self.texts:
             raise ValueError(f"it uses text {ev.text_key(digest)}, which is missing")
         return self.texts[digest]
@@ -706,6 +889,7 @@ class _Checker:
             f" FROM events WHERE {where} ORDER BY seq",
             args,
         )
+        self.span_rows[rid] = len(rows)
         expected = start
         resync = prev is None  # no known predecessor hash: take the first stored one
         first_finding = len(self.problems)
@@ -771,6 +955,8 @@ class _Checker:
                 self.add(rid, seq, f"version cell {version!r} {what}", "type")
                 resync, prev, expected = True, stored_hash, seq + 1
                 continue
+            if version > self.newest_version:
+                self.newest_version = version
             if version >= 6:
                 if packing.is_packed(body):
                     packed.add(seq)
@@ -901,18 +1087,101 @@ class _Checker:
                 self.add(None, None, f"{n} events whose run id is not text", "type")
 
     def keyed_orphans(self, runs: dict[str, _RunRow]) -> None:
-        """Events whose run_key names no run row (a deleted run, forged rows)."""
-        known = {info.key for info in runs.values()}
-        rows = self.query("SELECT run_key, min(seq), count(*) FROM events GROUP BY run_key")
-        for key, first, count in rows:
-            if key in known:
+        """Event rows outside the id range of every run (id = run_key * 2**32 + seq): those of
+        a deleted run, or forged ones, whatever their run_key column says (with the foreign
+        key or the CHECK switched off it may name a run). No reader sees them, and no writer
+        leaves them. When the runs' ranges hold every row (counted as each run was read), the
+        table is not grouped at all."""
+        keys = [info.key for info in runs.values()]
+        ranges = {k for k in keys if isinstance(k, int)}
+        (total,) = self.query("SELECT count(*) FROM events")[0]
+        if (
+            len(ranges) == len(keys)
+            and set(self.span_rows) == set(runs)
+            and sum(self.span_rows.values()) == total
+        ):
+            return
+        # a run whose run_key is not an integer reads its rows by run_key (said in read_runs)
+        by_column = {k for k in keys if not isinstance(k, int)}
+        name = {info.key: info.run_id for info in runs.values()}
+        rows = self.query(
+            "SELECT id >> 32, run_key, min(seq), count(*) FROM events"
+            " GROUP BY id >> 32, run_key ORDER BY 1, 3"
+        )
+        found: dict[Any, list[Any]] = {}  # range -> [first seq, count, run_key if one differs]
+        for span, key, first, count in rows:
+            if span in ranges or key in by_column:
                 continue
+            got = found.setdefault(span, [first, 0, None])
+            got[1] += count
+            if key != span:
+                got[2] = key
+        for span, (first, count, key) in found.items():
+            seq = first if isinstance(first, int) else None
+            if key is None:
+                what = f"{count} events of run_key {span!r}, which names no run"
+            else:
+                what = f"{count} events in the id range of run_key {span!r}, which names no run"
+                held = f"run {name[key]!r}" if key in name else f"{key!r}"
+                what += f" (their run_key column holds {held})"
+            self.add(None, seq, f"{what} (deleted run or forged events)", "orphan")
+
+    def check_unused_texts(self) -> None:
+        """Texts no event refers to. Every text is written in the transaction of the append
+        whose rows refer to it (a run shares its parent's and other runs' texts by referring
+        to them, never by leaving one behind), so one no event uses was put there by hand:
+        bytes no reader reads. Said when every run was read whole; with damaged events the
+        references of the damaged rows are not known."""
+        unused = sorted(set(self.texts) - self.used_texts)
+        if not unused:
+            return
+        if self.broken_runs or any(p.code == "unreadable" for p in self.problems):
+            self.notes.append(
+                f"{len(unused)} texts not checked for use: events that may use them are damaged"
+            )
+            return
+        for digest in unused[:MAX_FILE_FINDINGS]:
             self.add(
                 None,
-                first if isinstance(first, int) else None,
-                f"{count} events of run_key {key!r}, which names no run (deleted run or forged"
-                " events)",
-                "orphan",
+                None,
+                f"text {ev.text_key(digest)} is used by no event (forged or left by hand)",
+                "text",
+            )
+        if len(unused) > MAX_FILE_FINDINGS:
+            self.add(
+                None,
+                None,
+                f"{len(unused) - MAX_FILE_FINDINGS} more texts are used by no event",
+                "text",
+            )
+
+    def check_event_versions(self) -> None:
+        """No row newer than the journal's revision allows: the revision is what makes an
+        engine too old for the rows refuse the whole journal at open (a lowered
+        alembic_version)."""
+        newest = _MAX_EVENT_VERSION.get(self.j.revision or "")
+        if newest is not None and self.newest_version > newest:
+            self.add(
+                None,
+                None,
+                f"events of schema v{self.newest_version} in a journal at revision"
+                f" {self.j.revision}, which allows v{newest} at most (alembic_version lowered?)",
+                "schema",
+            )
+
+    def check_leases(self, runs: dict[str, _RunRow]) -> None:
+        """A lease of a run that has no row: a note, not a finding. Leases are the journal's
+        one mutable table, not history (docs/decisions.md, entries 23 and 25), and one names a
+        run only to tell its writer alive or dead; but `create_run` writes a run's first
+        lease with its row, so one without a row was left by a writer that never created it,
+        or by hand."""
+        rows = self.query(f"SELECT {self.raw('run_id')} FROM leases ORDER BY 1")
+        unknown = [rid for rid, _ok in (_text(r[0]) for r in rows) if rid not in runs]
+        if unknown:
+            more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+            self.notes.append(
+                f"writer lease of run {unknown[0]!r}{more}, which has no row (leases are not"
+                " history)"
             )
 
     # ------------------------------------------------------------- snapshots
