@@ -344,6 +344,7 @@ class Journal:
         self._recent_rows: dict[tuple[str, int], tuple[int, bytes]] = {}
         self._recent_src: list[Any] | None = None
         self._in_tx = False
+        self._snapshot = False  # inside read_snapshot
         # other processes write this SQLite file at the same time (a pool's workers; only
         # ever set on a SQLite journal)
         self.parallel_writers = False
@@ -603,15 +604,66 @@ class Journal:
     def _read(self) -> Iterator[Any]:
         with self._lock:
             cur = self._conn.cursor()
+            # inside a PostgreSQL snapshot a failed read must not abort the snapshot's
+            # transaction (the reads after it would all fail): each read is a savepoint
+            guard = self._snapshot and not self.is_sqlite and not self._in_tx
             try:
+                if guard:
+                    cur.execute("SAVEPOINT car_read")
                 yield cur
             except self._db_errors as e:
+                if guard:
+                    with contextlib.suppress(*self._db_errors):
+                        cur.execute("ROLLBACK TO SAVEPOINT car_read")
                 raise self._driver_failure(e, "read") from e
             finally:
                 cur.close()
-                # a read inside the writer's transaction (a window, a seeding) must not end it
-                if not self.is_sqlite and not self._in_tx:
+                # a read inside the writer's transaction (a window, a seeding) or a snapshot
+                # must not end it
+                if not self.is_sqlite and not self._in_tx and not self._snapshot:
                     self._conn.rollback()
+
+    @contextlib.contextmanager
+    def read_snapshot(self) -> Iterator[None]:
+        """Every read inside sees the journal as one moment left it (decision 51): a check
+        of the whole journal while other processes append to it must not meet a run's events
+        without its runs row, or a text without the rows that use it. One read transaction
+        on this journal's connection (SQLite: BEGIN and a first read; PostgreSQL: REPEATABLE
+        READ), held with its lock: this journal's other threads wait, other processes go on
+        writing. Nested, or inside a write transaction: the outer one."""
+        with self._lock:
+            if self._snapshot or self._in_tx:
+                yield
+                return
+            cur = self._conn.cursor()
+            try:
+                if self.is_sqlite:
+                    cur.execute("BEGIN")
+                    # a deferred transaction takes its snapshot at its first read
+                    cur.execute("SELECT count(*) FROM sqlite_master").fetchall()
+                else:
+                    self._conn.rollback()
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    cur.execute("SELECT 1").fetchall()
+            except self._db_errors as e:
+                with contextlib.suppress(*self._db_errors):
+                    if self.is_sqlite:
+                        cur.execute("ROLLBACK")
+                    else:
+                        self._conn.rollback()
+                raise self._driver_failure(e, "read") from e
+            finally:
+                cur.close()
+            self._snapshot = True
+            try:
+                yield
+            finally:
+                self._snapshot = False
+                with contextlib.suppress(*self._db_errors):
+                    if self.is_sqlite:
+                        self._conn.execute("ROLLBACK")
+                    else:
+                        self._conn.rollback()
 
     def _driver_failure(self, e: Exception, action: str) -> JournalError:
         """The one-line error for a driver error: TamperedJournal where the stored bytes are

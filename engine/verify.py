@@ -199,8 +199,11 @@ class _RunRow(msgspec.Struct):
 def verify_journal(
     journal: Journal, run_id: str | None = None, anchor: dict[str, Any] | None = None
 ) -> VerifyReport:
-    """Check the whole journal (or one run and its ancestors); see the module docstring."""
-    return _Checker(journal).run(run_id, anchor)
+    """Check the whole journal (or one run and its ancestors); see the module docstring.
+    Every read sees one moment of the journal: appends of other processes meanwhile are not
+    rows without a run, nor texts no event uses."""
+    with journal.read_snapshot():
+        return _Checker(journal).run(run_id, anchor)
 
 
 def _text(value: Any) -> tuple[str, bool]:
