@@ -387,7 +387,7 @@ def test_tree_fork_and_diff(client: httpx.Client, finished: str) -> None:
     ("body", "status", "match"),
     [
         ({"at": 999, "do": "resample"}, 422, "out of range"),
-        ({"at": 1, "do": "action"}, 422, "needs --value"),
+        ({"at": 1, "do": "action"}, 422, "needs a `value`"),
         ({"at": 1, "do": "teleport"}, 422, "do"),
         ({"at": 1, "do": "policy", "value": "gpt"}, 422, "unknown policy"),
         ({"at": 1, "do": "resample", "n": 0}, 422, "n"),

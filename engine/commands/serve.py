@@ -56,6 +56,16 @@ def serve_cmd(
     detect_model: Annotated[
         str | None, typer.Option("--detect-model", help="Model for the llm analysis methods.")
     ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help="Bound to this machine only, the server answers requests addressed to "
+            "localhost or a loopback address (so that no web site can reach it by pointing "
+            "its own name at 127.0.0.1); this adds a name, e.g. the one a forwarding proxy "
+            "uses. Repeatable.",
+        ),
+    ] = None,
     log_level: Annotated[
         str, typer.Option("--access-log-level", help="uvicorn log level (info shows requests).")
     ] = "warning",
@@ -89,6 +99,8 @@ def serve_cmd(
         sim_step_delay=sim_step_delay,
         detect_base_url=detect_base_url,
         detect_model=detect_model,
+        host=host,
+        allowed_hosts=tuple(allow_host or ()),
     )
     app = create_app(settings)
     pool = _standing_pool(workers, target)

@@ -17,9 +17,11 @@ Routes (all JSON unless said otherwise; `session_id` is a run id or a unique pre
   GET  /                             the dashboard; GET /docs the OpenAPI page
 
 Errors are JSON `{"error": "...", ...}`: 404 names the unknown session, 422 a bad body or value,
-409 an action that does not apply to the run as it is, 429 when every recording slot is taken,
-503 (with Retry-After) when another writer held the journal's lock too long: nothing was
-written, and the same request may be tried again.
+409 an action that does not apply to the run as it is, 429 when every recording slot is taken
+(or, with Retry-After, when too many long requests already run or wait), 503 (with Retry-After)
+when another writer held the journal's lock too long: nothing was written, and the same request
+may be tried again. 403 refuses a request from another site's page or addressed to a name that
+is not this machine's, 413 a body over 1 MiB (`guard`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+import anyio
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -41,6 +44,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import (
@@ -55,10 +59,12 @@ from engine.events import not_journalable_text
 from engine.executors.base import ExecutorOptions
 from engine.journal import Journal
 from engine.server import views
+from engine.server.guard import Guard, is_loopback
 from engine.server.runner import HeistRunner, NotControllable, TooManyHeists
 from engine.server.stream import LIVE_STATUSES, NotifyingJournal, StreamHub
 from engine.version import engine_version
 
+T = TypeVar("T")
 STATIC = resources.files("engine.server") / "static"
 DETECT_METHODS = ("rules", "llm", "rules+llm", "causal", "replay")
 FORK_OPS = ("resample", "action", "observation", "context", "policy")
@@ -67,6 +73,12 @@ MAX_BRANCHES = 200
 MAX_SEQ = 2**63 - 1
 #: seconds a client is told to wait (Retry-After) when the journal was busy
 BUSY_RETRY_AFTER_S = 2
+#: long requests running at once, and waiting besides: they run in threads of their own, so
+#: that however many there are, the threads that answer every other request stay free
+MAX_JOBS = 4
+MAX_WAITING_JOBS = 32
+#: the most characters of a client's value that a 422 quotes back
+ECHO_CHARS = 200
 #: forward runs of fork and attribution run in threads here, never in forked processes: a
 #: fork of this many-threaded process would copy whatever lock another thread holds
 THREADS_ONLY = ExecutorOptions(processes=False)
@@ -80,14 +92,51 @@ class ServerSettings:
     detect_base_url: str | None = None
     detect_model: str | None = None
     poll_seconds: float = 0.25
+    #: the address the server is bound to: a loopback one answers loopback Host names only
+    host: str | None = None
+    #: more Host names a loopback-bound server answers (a proxy that forwards its own name)
+    allowed_hosts: tuple[str, ...] = ()
+    #: long requests (forks, attributions, analyses that run or ask a model) at once
+    max_jobs: int = MAX_JOBS
+    #: long requests that may wait for a turn besides; more get 429
+    max_waiting_jobs: int = MAX_WAITING_JOBS
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
         self.extra = extra
+
+
+class Jobs:
+    """Long requests (forward runs, analyses that run forks or ask a model): `running` at once
+    in threads of their own, `waiting` more queued for a turn (a coroutine each, no thread),
+    and 429 beyond. Every other request is answered meanwhile by the framework's own threads,
+    which a burst of long requests would otherwise all hold."""
+
+    def __init__(self, running: int, waiting: int) -> None:
+        self.limiter = anyio.CapacityLimiter(running)
+        self.capacity = running + waiting
+        self.admitted = 0  # changed on the event loop's thread only
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.admitted >= self.capacity:
+            raise ApiError(
+                429,
+                f"{self.admitted} long requests (forks, attributions, analyses) are running or "
+                f"waiting already (the server's limit is {self.capacity}); try again later",
+                headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+            )
+        self.admitted += 1
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        finally:
+            self.admitted -= 1
 
 
 def _renderable(value: Any) -> Any:
@@ -125,8 +174,30 @@ def busy_response(exc: JournalBusy) -> JSONResponse:
     )
 
 
-def _not_found(session_id: str) -> ApiError:
+def _not_found(session_id: str, error: UnknownRun | None = None) -> ApiError:
+    if error is not None and "ambiguous" in str(error):
+        # a prefix of several runs: "unknown" would send the client looking for a typo
+        return ApiError(
+            404,
+            f"session id prefix {session_id!r} is ambiguous: give more of the id "
+            f"({str(error).rpartition('ambiguous: ')[2] or 'several sessions match'})",
+            session_id=session_id,
+        )
     return ApiError(404, f"unknown session {session_id!r}", session_id=session_id)
+
+
+def _short_echo(error: Mapping[str, Any]) -> dict[str, Any]:
+    """A validation error with the client's value quoted back at most ECHO_CHARS long: a
+    value of a megabyte is not worth a megabyte of answer."""
+    out = dict(error)
+    if "input" in out:
+        value = _renderable(out["input"])
+        text = json.dumps(value)
+        if len(text) > ECHO_CHARS:
+            out["input"] = text[:ECHO_CHARS] + f"... ({len(text)} characters)"
+        else:
+            out["input"] = value
+    return out
 
 
 # ------------------------------------------------------------------ bodies
@@ -244,6 +315,13 @@ def create_app(settings: ServerSettings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
+    app.add_middleware(
+        Guard,
+        error_response=error_response,
+        loopback_only=settings.host is not None and is_loopback(settings.host),
+        allowed_hosts=settings.allowed_hosts,
+    )
+    jobs = Jobs(settings.max_jobs, settings.max_waiting_jobs)
     app.state.journal = journal
     app.state.runner = runner
     app.state.hub = hub
@@ -255,7 +333,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             # a route that maps the engine's errors (409, ...) met a busy journal: that is
             # no answer about the run, only "not now"
             return busy_response(exc.__cause__)
-        return error_response(exc.status, exc.message, **exc.extra)
+        return error_response(exc.status, exc.message, headers=exc.headers, **exc.extra)
 
     @app.exception_handler(JournalBusy)
     async def _busy(_req: Request, exc: JournalBusy) -> JSONResponse:
@@ -263,7 +341,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
+        errors = [_short_echo(e) for e in exc.errors()]
         first = errors[0] if errors else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         msg = f"bad request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
@@ -301,8 +379,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
     def resolve(session_id: str) -> str:
         try:
             return journal.run(session_id).run_id
-        except UnknownRun:
-            raise _not_found(session_id) from None
+        except UnknownRun as e:
+            raise _not_found(session_id, e) from None
 
     # -------------------------------------------------------------- pages
 
@@ -348,15 +426,21 @@ def create_app(settings: ServerSettings) -> FastAPI:
         except EngineError as e:
             raise ApiError(409, str(e), session_id=run_id) from e
 
+    async def _analysis(body: DetectRequest) -> dict[str, Any]:
+        if body.method == "rules":  # reads the run once: quick
+            return await run_in_threadpool(_analyze, body)
+        # the others ask a model or run the crew again: long
+        return await jobs.run(_analyze, body)
+
     @app.post("/api/ai-detect/analyze", tags=["detection"])
-    def analyze_session(body: DetectRequest) -> dict[str, Any]:
+    async def analyze_session(body: DetectRequest) -> dict[str, Any]:
         """The full analysis: suspicion per agent, the four-signal breakdown, the weights."""
-        return _analyze(body)
+        return await _analysis(body)
 
     @app.post("/api/ai-detect/suggest", tags=["detection"])
-    def suggest_mole(body: DetectRequest) -> dict[str, Any]:
+    async def suggest_mole(body: DetectRequest) -> dict[str, Any]:
         """Only the suggested mole and the confidence."""
-        a = _analyze(body)
+        a = await _analysis(body)
         return {
             "session_id": a.get("session_id"),
             "suggested_mole": a.get("suggested_mole"),
@@ -507,6 +591,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
         run_id = resolve(session_id)
         suspect = (body or AccuseRequest()).suspect
+        # the verdict reads " intel " as intel and a blank name as nobody: journal and answer
+        # the name it judged
+        suspect = suspect.strip() or None if suspect is not None else None
         status = journal.status(run_id)
         if status in LIVE_STATUSES:
             raise ApiError(
@@ -547,8 +634,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
             )
 
     @app.post("/api/sessions/{session_id}/fork", tags=["branches"])
-    def fork(session_id: str, body: ForkRequest) -> dict[str, Any]:
+    async def fork(session_id: str, body: ForkRequest) -> dict[str, Any]:
         """N branches from step `at` with one do() intervention; bad rate and Wilson 95% CI."""
+        return await jobs.run(_fork, session_id, body)
+
+    def _fork(session_id: str, body: ForkRequest) -> dict[str, Any]:
         from engine.branching import fork as fork_branches
         from engine.interventions import parse_intervention
         from engine.scenario import Rerun
@@ -556,6 +646,27 @@ def create_app(settings: ServerSettings) -> FastAPI:
         run_id = resolve(session_id)
         _ended(run_id, "fork")
         value = body.value
+        if body.do != "resample" and (
+            value is None or (isinstance(value, str) and not value.strip())
+        ):
+            raise ApiError(
+                422,
+                f"bad request: do {body.do!r} needs a `value` ("
+                + {
+                    "action": "the step's new message",
+                    "observation": "the tool result the step sees instead",
+                    "context": 'text, or {"step": K, "text": "..."}',
+                    "policy": "sim, sim-honest or openai",
+                }[body.do]
+                + ")",
+                session_id=run_id,
+            )
+        if isinstance(value, dict) and body.do != "context":
+            raise ApiError(
+                422,
+                f"bad request: the `value` of do {body.do!r} is text, not an object",
+                session_id=run_id,
+            )
         text = json.dumps(value) if isinstance(value, dict) else value
         try:
             iv = parse_intervention(body.do, body.at, text)
@@ -574,8 +685,13 @@ def create_app(settings: ServerSettings) -> FastAPI:
         return report.to_dict()
 
     @app.post("/api/sessions/{session_id}/attribution", tags=["branches"])
-    def attribution(session_id: str, body: AttributionRequest | None = None) -> dict[str, Any]:
+    async def attribution(
+        session_id: str, body: AttributionRequest | None = None
+    ) -> dict[str, Any]:
         """Which step (or agent) caused the failure: the ranked attribution table."""
+        return await jobs.run(_attribution, session_id, body)
+
+    def _attribution(session_id: str, body: AttributionRequest | None) -> dict[str, Any]:
         from engine.branching import attribute
         from engine.scenario import Rerun
 
