@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from engine.errors import ConfigError, UnknownScenario
+from engine.otel.imported import IMPORTED_SCENARIO, not_rerunnable
 from engine.policies.base import AgentView, ChatLine
 from engine.state import State, fold
 
@@ -240,12 +241,16 @@ def scenario_names() -> tuple[str, ...]:
 
 def scenario_factory(name: str) -> ScenarioFactory:
     """The implementation registered for `name`; UnknownScenario (one line, listing the known
-    names) when there is none."""
+    names) when there is none, and NotReRunnable for the runs `car import` made (scenario
+    `imported`, which no implementation re-runs, unless one is registered for it)."""
     with _lock:
         hit = _loaded.get(name)
         target = _registered.get(name)
     if hit is not None:
         return hit
+    if target is None and name == IMPORTED_SCENARIO:
+        # a run `car import` made from a trace: no implementation, nothing to re-run
+        raise not_rerunnable(None)
     if target is None:
         known = ", ".join(scenario_names()) or "none"
         shown = repr(name) if name else "(none recorded)"
@@ -294,6 +299,8 @@ def scenario_of_run(journal: Journal, run_id: str) -> Scenario:
     from engine.errors import JournalError
 
     info = journal.run(run_id)
+    if info.scenario == IMPORTED_SCENARIO and IMPORTED_SCENARIO not in scenario_names():
+        raise not_rerunnable(info.run_id)
     first = next(journal.read(info.run_id, 0, 1), None)
     if first is None:
         raise JournalError(f"run {info.run_id!r} has no RunStarted event")

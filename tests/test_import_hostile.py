@@ -138,6 +138,18 @@ BAD_TRACES = {
         trace(text("gen_ai.agent.name", "\ud800")),
         "cannot be journaled",
     ),
+    "arrayValue a list": (
+        trace(kv("x", {"arrayValue": [{"stringValue": "a"}]})),
+        r"spans\[0\]: attribute 'x': arrayValue is not an object: \[\{'stringValue': 'a'\}\]",
+    ),
+    "kvlistValue a list": (
+        trace(kv("x", {"kvlistValue": []})),
+        r"spans\[0\]: attribute 'x': kvlistValue is not an object: \[\]",
+    ),
+    "arrayValue.values a number": (
+        trace(kv("x", {"arrayValue": {"values": 5}})),
+        r"spans\[0\]: attribute 'x': arrayValue.values is not a list: 5",
+    ),
     "status not an object": (
         trace().replace('"name": "chat",', '"name": "chat", "status": 5,'),
         r"spans\[0\]\.status is not an object",
@@ -279,3 +291,181 @@ def test_an_agent_name_with_escape_sequences_is_printed_escaped(tmp_path: Path) 
     assert res.returncode == 0, res.stderr
     assert "\x1b" not in res.stdout and "\x07" not in res.stdout
     assert r"agents a\x1b]0;PWNED\x07\x1b[2J\x1b[31m (completed)" in res.stdout
+
+
+# Shapes a trace may hold that are odd but not wrong: each imports as one step of agent "a"
+# (each was a traceback: int() of a digit that is no ASCII digit, or of 5000 digits; iterating
+# a number; ** of a list or a string).
+ODD_BUT_READABLE = {
+    "a superscript two as a message index": [
+        text("llm.input_messages.\u00b2.message.content", "x"),
+        text("llm.input_messages.0.message.content", "hello"),
+    ],
+    "a 5000-digit message index": [text("llm.input_messages." + "9" * 5000 + ".message.role", "x")],
+    "a superscript tool-call index": [
+        text("gen_ai.output.messages", "null"),  # no GenAI output: OpenInference's is read
+        text("llm.output_messages.0.message.content", "hi"),
+        text("llm.output_messages.0.message.tool_calls.\u00b3.tool_call.function.name", "f"),
+    ],
+    "parts a number": [text("gen_ai.input.messages", json.dumps([{"role": "user", "parts": 5}]))],
+    "tool_calls a number": [
+        text("input.value", json.dumps({"messages": [{"role": "user", "tool_calls": 5}]}))
+    ],
+    "a tool call's function a list": [
+        text("gen_ai.output.messages", "null"),
+        text(
+            "output.value",
+            json.dumps(
+                {"choices": [{"message": {"content": "hi", "tool_calls": [{"function": [1]}]}}]}
+            ),
+        ),
+    ],
+    "a tool call's function a string": [
+        text("gen_ai.output.messages", "null"),
+        text(
+            "output.value",
+            json.dumps(
+                {"choices": [{"message": {"content": "hi", "tool_calls": [{"function": "f"}]}}]}
+            ),
+        ),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_BUT_READABLE))
+def test_odd_but_readable_shapes_import(tmp_path: Path, name: str) -> None:
+    file = tmp_path / "t.json"
+    file.write_text(trace(*ODD_BUT_READABLE[name]))
+    res = car(tmp_path / "j.db", "import", str(file))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    with Journal(tmp_path / "j.db", readonly=True) as j:
+        (run,) = j.runs()
+        assert j.steps(run.run_id) == 1
+
+
+def test_files_that_are_no_regular_file_are_refused_at_once(journal: Path, tmp_path: Path) -> None:
+    """A named pipe nobody writes to (reading it waited for a writer: `car import` hung) and a
+    device are refused in one line without being read; nothing is written."""
+    import os
+
+    from journal_helpers import car as car_within
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    before = _runs(journal)
+    for target in (fifo, Path("/dev/null")):
+        res = car_within(journal, "import", str(target), timeout=60)
+        assert res.returncode == 1, res.stderr
+        (line,) = res.stderr.strip().splitlines()
+        assert line == (
+            f"error: {str(target)!r} is not a regular file (a named pipe, a device or a "
+            "socket); write the trace to a file and import that"
+        ), line
+    assert _runs(journal) == before
+
+
+def test_gzip_is_named(journal: Path, tmp_path: Path) -> None:
+    """A gzip-compressed trace is refused as such, unread past its magic bytes."""
+    import gzip
+
+    file = tmp_path / "t.json.gz"
+    file.write_bytes(gzip.compress(trace().encode()))
+    res = car(journal, "import", str(file))
+    assert res.returncode == 1
+    assert (
+        res.stderr
+        == "error: t.json.gz is gzip-compressed: decompress it (gunzip) and import the JSON\n"
+    )
+
+
+def test_a_byte_order_mark_and_a_name_that_is_no_utf8(tmp_path: Path) -> None:
+    """A trace with a UTF-8 byte order mark imports (it was "not JSON: Unexpected UTF-8 BOM"),
+    and so does one whose file name is no UTF-8 (it was "cannot be journaled": the name goes
+    into RunStarted.config), the name journaled with its odd byte escaped."""
+    import os
+
+    file = Path(os.fsdecode(bytes(tmp_path) + b"/t\xff.json"))
+    file.write_bytes(b"\xef\xbb\xbf" + trace().encode())
+    res = car(tmp_path / "j.db", "import", str(file))
+    assert res.returncode == 0, res.stderr
+    with Journal(tmp_path / "j.db", readonly=True) as j:
+        (run,) = j.runs()
+        started = j.events(run.run_id)[0]
+        assert started.config["source"]["file"] == "t\\xff.json"  # type: ignore[attr-defined]
+
+
+def _chain_trace(n: int, tools: int) -> str:
+    """n chat spans each the child of the one before (no agent named anywhere, and the first
+    span's parent the last: a cycle), then `tools` tool spans that all started at once."""
+    spans = []
+    for i in range(n):
+        (span,) = json.loads(trace())["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        span["attributes"] = [a for a in span["attributes"] if a["key"] != "gen_ai.agent.name"]
+        span["spanId"] = f"{i + 1:016x}"
+        span["parentSpanId"] = f"{(i - 1) % n + 1:016x}"
+        span["startTimeUnixNano"] = str(10 * i + 1)
+        spans.append(span)
+    for i in range(tools):
+        spans.append(
+            {
+                "traceId": TRACE_ID,
+                "spanId": f"{n + i + 1:016x}",
+                "name": "execute_tool f",
+                "startTimeUnixNano": "5",
+                "attributes": [text("gen_ai.operation.name", "execute_tool")],
+            }
+        )
+    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]})
+
+
+def test_deep_parent_chains_and_many_tool_spans_import_in_linear_time(tmp_path: Path) -> None:
+    """30000 chat spans nested in a cycle of parent links, and 30000 tool spans in one step:
+    the importer looked for each span's agent up the whole chain and placed every tool span
+    by scanning every step and every earlier tool of its step (quadratic: minutes); it now
+    takes about a second. The bound, 30 s, is far from either."""
+    import time
+
+    from engine.otel.importer import read_traces
+
+    file = tmp_path / "t.json"
+    file.write_text(_chain_trace(30_000, 30_000))
+    started = time.monotonic()
+    (imported,) = read_traces(file)
+    took = time.monotonic() - started
+    assert imported.agents == ["assistant"] and len(imported.steps) == 30_000
+    assert len(imported.steps[0].tools) == 30_000
+    assert took < 30, took
+
+
+def test_tool_spans_take_the_calls_the_model_asked_for_in_order(tmp_path: Path) -> None:
+    """Two tool spans of tool f stand for the model's two calls of f, in order (each keeps its
+    call's arguments); a third f span, with no call left to stand for, is a call of its own."""
+    from engine.otel.importer import read_traces
+
+    calls = [
+        {"type": "tool_call", "id": f"c{i}", "name": "f", "arguments": f"arg{i}"} for i in (1, 2)
+    ]
+    out = [{"role": "assistant", "parts": calls}]
+    doc = json.loads(trace(text("gen_ai.output.messages", json.dumps(out))))
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    for i in range(3):
+        spans.append(
+            {
+                "traceId": TRACE_ID,
+                "spanId": f"{i + 10:016x}",
+                "name": "execute_tool f",
+                "startTimeUnixNano": str(1500 + i),
+                "attributes": [
+                    text("gen_ai.operation.name", "execute_tool"),
+                    text("gen_ai.tool.call.result", f"out{i}"),
+                ],
+            }
+        )
+    file = tmp_path / "t.json"
+    file.write_text(json.dumps(doc))
+    ((step,),) = [t.steps for t in read_traces(file)]
+    assert [(t.param, t.output, t.from_span) for t in step.tools] == [
+        ("arg1", "out0", True),
+        ("arg2", "out1", True),
+        ("", "out2", True),
+    ]

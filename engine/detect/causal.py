@@ -35,6 +35,7 @@ from engine.detect.stats import newcombe, wilson
 from engine.errors import EngineError, PolicyError
 from engine.executors.base import Executor, ExecutorOptions, make_executor
 from engine.heist import HeistScenario
+from engine.heist.session import SCENARIO as HEIST
 from engine.interventions import (
     BranchResult,
     ParentInfo,
@@ -45,6 +46,7 @@ from engine.interventions import (
     policy_spec_at,
 )
 from engine.journal import Journal
+from engine.otel.imported import IMPORTED_SCENARIO, not_rerunnable
 from engine.public import PublicRun, public_error
 from engine.runtime.episode import Overrides, run_episode
 from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
@@ -55,6 +57,24 @@ K_MAX = 20
 K_MIN = 4
 BATCH = 2
 LEVEL = 0.95
+
+
+def needs_a_heist(view: PublicRun, method: str) -> None:
+    """The causal and replay detectors re-run a heist's crew with an agent played by its public
+    configuration: any other run is refused in one line, before anything is read or written,
+    saying which detectors do read it."""
+    if view.scenario == HEIST:
+        return
+    needs = (
+        f"the {method} detector re-runs a heist's crew with one agent played by its public "
+        "configuration, so it needs a heist"
+    )
+    if view.scenario == IMPORTED_SCENARIO:
+        raise not_rerunnable(view.run_id, needs)
+    raise EngineError(
+        f"run {view.run_id!r} is a {view.scenario!r} run, not a heist; {needs}; the rules and "
+        "llm detectors (`car detect --method rules`, `llm` or `rules+llm`) read any run"
+    )
 
 
 def first_steps(view: PublicRun) -> dict[str, int]:
@@ -183,6 +203,7 @@ def causal_scores(
     """Race the agents' reference swaps (module docstring); `sequential=False` spends
     `k_max` forward runs on every agent. `k_min` defaults to K_MIN, or to `k_max` when that
     is smaller: a cap of 2 runs per agent is a cap, not a contradiction of a default."""
+    needs_a_heist(view, "causal")
     if k_min is None:
         k_min = min(K_MIN, k_max)
     if not 1 <= k_min <= k_max:

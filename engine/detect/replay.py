@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import events as ev
+from engine.detect.causal import needs_a_heist
 from engine.detect.reference import ReferenceView, reference_inner
 from engine.detect.stats import wilson
 from engine.errors import EngineError, PolicyError
@@ -105,6 +106,7 @@ def replay_scores(
     model: str | None = None,
     progress: Any = None,
 ) -> ReplayResult:
+    needs_a_heist(view, "replay")
     steps = list(_steps(journal, view.run_id))
     if not steps:
         raise EngineError(f"run {view.run_id!r} has no recorded steps to re-execute")

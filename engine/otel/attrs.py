@@ -91,12 +91,28 @@ def from_any_value(value: Any) -> Any:
     if "doubleValue" in value:
         return float(value["doubleValue"])
     if "arrayValue" in value:
-        return [from_any_value(v) for v in (value["arrayValue"] or {}).get("values", [])]
+        return [from_any_value(v) for v in _values(value, "arrayValue")]
     if "kvlistValue" in value:
-        return attributes((value["kvlistValue"] or {}).get("values", []))
+        return attributes(_values(value, "kvlistValue"))
     if "bytesValue" in value:
         return base64.b64decode(value["bytesValue"]).hex()
     return None
+
+
+def _values(value: dict[str, Any], kind: str) -> list[Any]:
+    """The `values` list of an arrayValue or kvlistValue (absent or null: none); ValueError
+    naming the kind when either is not what OTLP/JSON writes (an object holding a list)."""
+    inner = value[kind]
+    if inner is None:
+        return []
+    if not isinstance(inner, dict):
+        raise ValueError(f"{kind} is not an object: {shown(inner)}")
+    values = inner.get("values")
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise ValueError(f"{kind}.values is not a list: {shown(values)}")
+    return values
 
 
 def attributes(kvs: Any) -> dict[str, Any]:

@@ -22,8 +22,12 @@ The file may be one OTLP/JSON document or JSON Lines of them (the Collector's fi
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import json
+import os
+import stat
+from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -109,6 +113,16 @@ def _loads(value: Any) -> Any:
     return value
 
 
+def _list(value: Any) -> list[Any]:
+    """A list a message should hold (parts, tool calls); anything else there is none."""
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """An object a message should hold (a tool call's function); anything else is empty."""
+    return value if isinstance(value, dict) else {}
+
+
 def _parts_text(message: dict[str, Any]) -> str:
     """The text of a GenAI (v1.37) message's parts, or of an OpenAI-style message's content."""
     parts = message.get("parts")
@@ -135,6 +149,15 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _index(text: str) -> int | None:
+    """The list index of a flattened key's part (`llm.input_messages.<i>.`): ASCII decimal
+    digits, at most 18 of them. Anything else (a superscript two, which str.isdigit takes for
+    a digit and int() does not; 5000 digits, past int()'s limit) is no index."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        return None
+    return int(text)
+
+
 def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """Flattened lists (`prefix.<i>.<rest>`) back into a list of dicts keyed by <rest>."""
     found: dict[int, dict[str, Any]] = {}
@@ -142,8 +165,9 @@ def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
         if not key.startswith(prefix + "."):
             continue
         head, _, rest = key[len(prefix) + 1 :].partition(".")
-        if head.isdigit() and rest:
-            found.setdefault(int(head), {})[rest] = value
+        i = _index(head)
+        if i is not None and rest:
+            found.setdefault(i, {})[rest] = value
     return [found[i] for i in sorted(found)]
 
 
@@ -176,8 +200,9 @@ def _oi_tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
         if not key.startswith("message.tool_calls."):
             continue
         head, _, rest = key[len("message.tool_calls.") :].partition(".")
-        if head.isdigit():
-            calls.setdefault(int(head), {})[rest] = value
+        i = _index(head)
+        if i is not None:
+            calls.setdefault(i, {})[rest] = value
     return [
         {
             "id": c.get("tool_call.id"),
@@ -199,7 +224,7 @@ def _genai_messages(value: Any) -> list[dict[str, Any]] | None:
             continue
         calls = []
         call_id = m.get("tool_call_id")
-        for p in m.get("parts") or []:
+        for p in _list(m.get("parts")):
             if isinstance(p, dict) and p.get("type") == "tool_call":
                 calls.append(
                     {"id": p.get("id"), "name": p.get("name"), "arguments": p.get("arguments")}
@@ -312,8 +337,8 @@ def _from_value(value: Any, key: str, role: str) -> list[dict[str, Any]]:
                     "content": _as_text(m.get("content")),
                     "tool_call_id": m.get("tool_call_id"),
                     "tool_calls": [
-                        {"id": c.get("id"), **(c.get("function") or {})}
-                        for c in m.get("tool_calls") or []
+                        {"id": c.get("id"), **_dict(c.get("function"))}
+                        for c in _list(m.get("tool_calls"))
                         if isinstance(c, dict)
                     ],
                     "finish_reason": item.get("finish_reason") if key == "choices" else None,
@@ -330,19 +355,34 @@ def _first(a: dict[str, Any], *keys: str) -> Any:
     return None
 
 
-def _agent_of(span: Span, by_id: dict[str, Span]) -> str:
+def _agent_of(span: Span, by_id: dict[str, Span], found: dict[str, str] | None = None) -> str:
+    """The span's own agent name, else that of its nearest agent span above it, else
+    DEFAULT_AGENT (a cycle in the parent links ends the search too). `found` remembers, for
+    the spans passed on the way up, what the search from each of them gives, so that the
+    LLM spans of one trace cost time linear in the spans, however deep they nest."""
     own = _first(span.attrs, "gen_ai.agent.name", "agent.name")
     if own:
         return str(own)
-    seen = set()
-    parent = by_id.get(span.parent_id or "")
-    while parent is not None and parent.span_id not in seen:
-        seen.add(parent.span_id)
-        if span_kind(parent) == "AGENT":
-            name = _first(parent.attrs, "gen_ai.agent.name", "agent.name")
-            return str(name or parent.name.removeprefix("invoke_agent ").strip() or DEFAULT_AGENT)
-        parent = by_id.get(parent.parent_id or "")
-    return DEFAULT_AGENT
+    found = {} if found is None else found
+    path: list[str] = []
+    on_path: set[str] = set()
+    node = by_id.get(span.parent_id or "")
+    name = DEFAULT_AGENT
+    while node is not None and node.span_id not in on_path:
+        if node.span_id in found:
+            name = found[node.span_id]
+            break
+        if span_kind(node) == "AGENT":
+            named = _first(node.attrs, "gen_ai.agent.name", "agent.name")
+            name = str(named or node.name.removeprefix("invoke_agent ").strip() or DEFAULT_AGENT)
+            found[node.span_id] = name
+            break
+        path.append(node.span_id)
+        on_path.add(node.span_id)
+        node = by_id.get(node.parent_id or "")
+    for span_id in path:  # each of them finds the same: the first agent above (or none)
+        found[span_id] = name
+    return name
 
 
 def _tool_from_span(span: Span) -> ImportedTool:
@@ -360,7 +400,9 @@ def _tool_from_span(span: Span) -> ImportedTool:
     return ImportedTool(str(name), _as_text(param), True, output, from_span=True)
 
 
-def _step(span: Span, by_id: dict[str, Span]) -> tuple[ImportedStep, list[dict[str, Any]]]:
+def _step(
+    span: Span, by_id: dict[str, Span], agents: dict[str, str] | None = None
+) -> tuple[ImportedStep, list[dict[str, Any]]]:
     a = span.attrs
     inputs, outputs = _messages(span)
     invocation = _loads(a.get("llm.invocation_parameters"))
@@ -379,7 +421,7 @@ def _step(span: Span, by_id: dict[str, Span]) -> tuple[ImportedStep, list[dict[s
     text = "".join(m["content"] for m in outputs if m.get("role", "assistant") == "assistant")
     asked = [c for m in outputs for c in m.get("tool_calls") or []]
     step = ImportedStep(
-        agent=_agent_of(span, by_id),
+        agent=_agent_of(span, by_id, agents),
         request=[{"role": m["role"], "content": m["content"]} for m in inputs],
         response=text,
         model=str(model),
@@ -482,10 +524,11 @@ def interpret(spans: list[Span], source: str) -> list[ImportedTrace]:
         if not llm_spans:
             continue
         answers = _answers(llm_spans)
+        found_agents: dict[str, str] = {}  # what the search for an agent found, by span
         steps: list[ImportedStep] = []
         tools: list[list[ImportedTool]] = []
         for s in llm_spans:
-            step, asked = _step(s, by_id)
+            step, asked = _step(s, by_id, found_agents)
             steps.append(step)
             tools.append(
                 [
@@ -498,12 +541,14 @@ def interpret(spans: list[Span], source: str) -> list[ImportedTrace]:
                     for c in asked
                 ]
             )
+        starts = [llm.start for llm in llm_spans]  # ascending: llm_spans are in start order
+        asked_calls = [_asked_by_name(t) for t in tools]
         for s in ordered:
             if span_kind(s) != "TOOL":
                 continue
-            k = max((i for i, llm in enumerate(llm_spans) if llm.start <= s.start), default=0)
-            tool = _tool_from_span(s)
-            tools[k] = _merge(tools[k], tool)
+            # the last LLM step that started before the tool span (the first step if none)
+            k = max(bisect.bisect_right(starts, s.start) - 1, 0)
+            _merge(tools[k], asked_calls[k], _tool_from_span(s))
         steps = [msgspec.structs.replace(st, tools=t) for st, t in zip(steps, tools, strict=True)]
         roots = [s for s in group if s.parent_id is None or s.parent_id not in by_id]
         error = next((s.error for s in roots if s.error is not None), None)
@@ -534,19 +579,32 @@ def interpret(spans: list[Span], source: str) -> list[ImportedTrace]:
     return traces
 
 
-def _merge(tools: list[ImportedTool], executed: ImportedTool) -> list[ImportedTool]:
-    """Add a tool span to its step. It is the execution of the first call of that tool the
-    model asked for, so it takes that call's place (and what the span leaves out, the call's
-    arguments and answer, is taken from the call)."""
+def _asked_by_name(tools: list[ImportedTool]) -> dict[str, deque[int]]:
+    """Where in a step's tool list the calls the model asked for are, by tool name, in order."""
+    found: dict[str, deque[int]] = {}
     for i, t in enumerate(tools):
-        if t.name == executed.name and not t.from_span:
-            merged = msgspec.structs.replace(
-                executed,
-                param=executed.param or t.param,
-                output=executed.output or (t.output if executed.ok else ""),
-            )
-            return [*tools[:i], merged, *tools[i + 1 :]]
-    return [*tools, executed]
+        if not t.from_span:
+            found.setdefault(t.name, deque()).append(i)
+    return found
+
+
+def _merge(tools: list[ImportedTool], asked: dict[str, deque[int]], executed: ImportedTool) -> None:
+    """Add a tool span to its step's `tools` (in place). It is the execution of the first call
+    of that tool the model asked for that no span took yet (`asked`: their places, taken off
+    as spans take them), so it takes that call's place (and what the span leaves out, the
+    call's arguments and answer, is taken from the call); else it is appended. Constant time
+    a span, so a trace of many tool spans imports in time linear in them."""
+    waiting = asked.get(executed.name)
+    if not waiting:
+        tools.append(executed)
+        return
+    i = waiting.popleft()
+    t = tools[i]
+    tools[i] = msgspec.structs.replace(
+        executed,
+        param=executed.param or t.param,
+        output=executed.output or (t.output if executed.ok else ""),
+    )
 
 
 def _iso(ns: int) -> str:
@@ -629,30 +687,62 @@ class ImportedRun(msgspec.Struct, frozen=True):
 def read_traces(path: str | Path) -> list[ImportedTrace]:
     """Parse and interpret a trace file; TraceImportError (one line) on anything malformed."""
     p = Path(path)
+    # the file's name as text: a name that is no UTF-8 (bytes the file system kept as they
+    # are) is shown with those bytes escaped, and so is journaled (RunStarted.config)
+    name = os.fsencode(p.name).decode("utf-8", "backslashreplace")
+    data = _read_file(p)
+    if data.startswith(b"\x1f\x8b"):
+        raise TraceImportError(
+            f"{name} is gzip-compressed: decompress it (gunzip) and import the JSON"
+        )
     try:
-        text = p.read_text(encoding="utf-8")
+        # UTF-8, with the byte order mark some Windows editors write taken off
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise TraceImportError(f"{str(p)!r} is not UTF-8 text (OTLP/JSON expected)") from None
+    try:
+        spans = parse_spans(text, name)
+        if not spans:
+            raise TraceImportError(f"{name} holds no spans")
+        traces = interpret(spans, name)
+    except RecursionError:
+        # values nested deeper than Python recurses (arrays in attributes, JSON in strings)
+        raise TraceImportError(f"{name} nests values too deeply to read") from None
+    if not traces:
+        raise TraceImportError(
+            f"{name} holds {len(spans)} spans but no LLM call (expected spans with "
+            "openinference.span.kind=LLM or gen_ai.operation.name=chat)"
+        )
+    return traces
+
+
+def _read_file(p: Path) -> bytes:
+    """The bytes of the regular file `p`. Opened without blocking and checked before it is
+    read, so that a named pipe (which would wait for a writer) or a device such as
+    /dev/zero (which never ends) is refused at once; a directory likewise."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise TraceImportError(f"no such file: {str(p)!r}") from None
     except IsADirectoryError:
         raise TraceImportError(f"{str(p)!r} is a directory, not a trace file") from None
-    except UnicodeDecodeError:
-        raise TraceImportError(f"{str(p)!r} is not UTF-8 text (OTLP/JSON expected)") from None
     except OSError as e:
         raise TraceImportError(f"cannot read {str(p)!r}: {e.strerror}") from e
     try:
-        spans = parse_spans(text, p.name)
-        if not spans:
-            raise TraceImportError(f"{p.name} holds no spans")
-        traces = interpret(spans, p.name)
-    except RecursionError:
-        # values nested deeper than Python recurses (arrays in attributes, JSON in strings)
-        raise TraceImportError(f"{p.name} nests values too deeply to read") from None
-    if not traces:
-        raise TraceImportError(
-            f"{p.name} holds {len(spans)} spans but no LLM call (expected spans with "
-            "openinference.span.kind=LLM or gen_ai.operation.name=chat)"
-        )
-    return traces
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise TraceImportError(f"{str(p)!r} is a directory, not a trace file")
+        if not stat.S_ISREG(mode):
+            raise TraceImportError(
+                f"{str(p)!r} is not a regular file (a named pipe, a device or a socket); "
+                "write the trace to a file and import that"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError as e:
+        raise TraceImportError(f"cannot read {str(p)!r}: {e.strerror}") from e
+    finally:
+        os.close(fd)
 
 
 def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[ImportedRun]:

@@ -1,0 +1,147 @@
+"""Every `car` command pointed at a run `car import` made: it works, or it refuses in one
+`error:` line (the API: one JSON error) that says the run was imported and has no program to
+re-run, and what reads it instead; never "unknown scenario", never a traceback, and nothing
+written to the journal by the refusal."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from journal_helpers import car
+from server_helpers import car_serve
+
+from engine.errors import UnknownScenario
+from engine.journal import Journal
+from engine.otel.imported import NotReRunnable
+
+AGENTS = ("alice", "bob", "carol")
+REFUSAL = "was imported from a trace and has no program to re-run"
+
+
+def kv(key: str, value: str) -> dict[str, Any]:
+    return {"key": key, "value": {"stringValue": value}}
+
+
+def three_agent_trace() -> str:
+    """Six chat spans, two per agent, each answering with a line of text."""
+    spans = []
+    for i, agent in enumerate(AGENTS * 2):
+        out = [{"role": "assistant", "parts": [{"type": "text", "content": f"{agent} says {i}"}]}]
+        spans.append(
+            {
+                "traceId": "cd" * 16,
+                "spanId": f"{i + 1:016x}",
+                "name": "chat",
+                "startTimeUnixNano": str(1000 * (i + 1)),
+                "endTimeUnixNano": str(1000 * (i + 1) + 500),
+                "attributes": [
+                    kv("gen_ai.operation.name", "chat"),
+                    kv("gen_ai.agent.name", agent),
+                    kv("gen_ai.output.messages", json.dumps(out)),
+                ],
+            }
+        )
+    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]})
+
+
+@pytest.fixture
+def imported(tmp_path: Path) -> tuple[Path, str]:
+    """A journal holding one imported run of three agents, and the run's id."""
+    journal, trace = tmp_path / "j.db", tmp_path / "t.json"
+    trace.write_text(three_agent_trace())
+    res = car(journal, "import", str(trace), "--json")
+    assert res.returncode == 0, res.stderr
+    (run,) = json.loads(res.stdout)
+    return journal, str(run["run_id"])
+
+
+def rows(journal: Path) -> tuple[int, int]:
+    """(runs, events) in the journal file, counted straight from SQLite."""
+    db = sqlite3.connect(journal)
+    try:
+        return (
+            db.execute("SELECT count(*) FROM runs").fetchone()[0],
+            db.execute("SELECT count(*) FROM events").fetchone()[0],
+        )
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("method", ["causal", "replay"])
+def test_detectors_that_rerun_the_crew_refuse_an_imported_run(
+    imported: tuple[Path, str], method: str
+) -> None:
+    """`car detect --method causal|replay` on an imported run: one line saying it was imported
+    and has no program to re-run, naming the detectors that do read it; exit 1, nothing
+    written (was: "unknown scenario 'imported'" / "run is a 'imported' run, not a heist")."""
+    journal, run = imported
+    before = rows(journal)
+    res = car(journal, "detect", run, "--method", method)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"error: run {run!r} {REFUSAL}; the {method} detector"), line
+    assert "--method rules" in line and "unknown scenario" not in line, line
+    assert rows(journal) == before
+
+
+def test_the_rules_detector_reads_an_imported_run(imported: tuple[Path, str]) -> None:
+    """What the refusal points to works: the rules detector scores the imported run's agents."""
+    journal, run = imported
+    res = car(journal, "detect", run, "--method", "rules", "--json")
+    assert res.returncode == 0, res.stderr
+    assert set(json.loads(res.stdout)["suspicion_scores"]) == set(AGENTS)
+
+
+def test_no_scenario_lookup_calls_an_imported_run_unknown(imported: tuple[Path, str]) -> None:
+    """The registry's answer for an imported run is NotReRunnable (naming the run when it is
+    known), not UnknownScenario: every path that re-runs a run (the library's fork, the
+    server's fork and attribution) refuses it the same way, and writes nothing."""
+    from engine.branching import fork
+    from engine.interventions import parse_intervention
+    from engine.scenario import scenario_factory, scenario_of_run
+
+    journal, run = imported
+    with pytest.raises(NotReRunnable, match=REFUSAL) as info:
+        scenario_factory("imported")
+    assert not isinstance(info.value, UnknownScenario)
+    before = rows(journal)
+    with Journal(journal) as j:
+        with pytest.raises(NotReRunnable, match=f"run {run!r} {REFUSAL}"):
+            scenario_of_run(j, run)
+        with pytest.raises(NotReRunnable, match=f"run {run!r} {REFUSAL}"):
+            fork(j, run, parse_intervention("resample", 1, None), 1)
+    assert rows(journal) == before
+
+
+def test_the_api_refuses_to_rerun_an_imported_run(imported: tuple[Path, str]) -> None:
+    """`car serve`: fork, attribution and the causal and replay analyses of an imported run
+    are 409s saying it was imported (fork and attribution were 422 "unknown scenario
+    'imported'"); its detail and the rules analysis work; nothing is written."""
+    journal, run = imported
+    before = rows(journal)
+    with car_serve(journal, "--workers", "0") as server, server.client() as client:
+        detail = client.get(f"/api/sessions/{run}")
+        assert detail.status_code == 200 and detail.json()["scenario"] == "imported"
+        refused = {
+            "fork": client.post(
+                f"/api/sessions/{run}/fork", json={"do": "resample", "at": 1, "n": 1}
+            ),
+            "attribution": client.post(f"/api/sessions/{run}/attribution"),
+            **{
+                method: client.post(
+                    "/api/ai-detect/analyze", json={"session_id": run, "method": method}
+                )
+                for method in ("causal", "replay")
+            },
+        }
+        rules = client.post("/api/ai-detect/analyze", json={"session_id": run, "method": "rules"})
+    for what, r in refused.items():
+        assert r.status_code == 409, (what, r.status_code, r.text)
+        assert f"run {run!r} {REFUSAL}" in r.json()["error"], (what, r.text)
+    assert rules.status_code == 200 and set(rules.json()["suspicion_scores"]) == set(AGENTS)
+    assert rows(journal) == before
