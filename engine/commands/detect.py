@@ -19,7 +19,7 @@ from engine.commands.common import (
 )
 from engine.commands.executor_opts import ExecutorOpt, RayAddressOpt, WorkersOpt, executor_options
 from engine.executors.base import ExecutorOptions
-from engine.terminal import printable
+from engine.terminal import in_markup, printable
 
 METHOD_HELP = "rules | llm | rules+llm | causal | replay"
 EVAL_JOURNAL = "recordings/detect-eval.db"
@@ -47,8 +47,10 @@ def _f(x: float | None) -> str:
 def _print_analysis(d: dict[str, Any]) -> None:
     calibrated = "" if d["confidence_calibrated"] else ", uncalibrated"
     out.print(
-        f"[bold]run {d['session_id']}[/] ({d['method']}): suggested mole "
-        f"[bold]{d['suggested_mole']}[/] (confidence {d['confidence']:.2f}{calibrated})",
+        f"[bold]run {in_markup(d['session_id'])}[/] ({d['method']}): suggested mole "
+        # an agent's name is data (an imported trace names its agents): never markup
+        f"[bold]{in_markup(d['suggested_mole'])}[/] (confidence {d['confidence']:.2f}"
+        f"{calibrated})",
         highlight=False,
     )
     t = _table(box=None, header_style="bold")
