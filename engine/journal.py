@@ -863,40 +863,32 @@ class Journal:
         fork_seq: int | None = None,
         label: str = "",
         run_id: str | None = None,
+        events: Sequence[ev.Event] = (),
+        payloads: Sequence[bytes] | None = None,
     ) -> str:
-        """Insert a runs row. A fork is a run with a parent pointer: O(1), nothing copied."""
+        """Insert a runs row. A fork is a run with a parent pointer: O(1), nothing copied.
+
+        With `events`, the run's first events are written in the same transaction: a run
+        written whole (an imported trace, a detection's record) exists with its events or not
+        at all, never as an empty run that an interrupt or a busy journal left between two
+        transactions. Every event is encoded and checked before anything is written
+        (`payloads`: that done already, by `ev.encode_checked`)."""
         rid = run_id or self._ids()
         self._writable()
-        head: int | None = None
-        with self._tx() as cur:
-            root = rid
-            if parent_run_id is not None:
-                parent = self._run_row(cur, parent_run_id)
-                if fork_seq is None or fork_seq < 0:
-                    raise InterventionError(f"a fork needs a fork_seq >= 0, got {fork_seq!r}")
-                head = self._head(cur, parent.run_id)
-                if fork_seq > head:
-                    raise InterventionError(
-                        f"cannot fork run {parent.run_id!r} at seq {fork_seq}: it has only "
-                        f"{head} events"
-                    )
-                root = parent.root_run_id
-                parent_run_id = parent.run_id
-            created = self._clock()
-            cur.execute(
-                self._q(
-                    "INSERT INTO runs (run_id, parent_run_id, fork_seq, root_run_id, scenario,"
-                    " created_at, label) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                ),
-                (rid, parent_run_id, fork_seq, root, scenario, created, label),
-            )
-            # SQLite's run_key is the rowid (a trigger's inserts do not change it); the next
-            # insert does
-            key = cur.lastrowid if self.is_sqlite and self.keyed else None
-            # the creating process is the run's writer until a recorder takes over or it ends
-            self._put_lease(cur, rid)
-        if type(created) is str:  # what reading the row back gives
-            info = RunInfo(rid, parent_run_id, fork_seq, root, scenario, created, label)
+        made: dict[str, Any] = {}
+
+        def insert(cur: Any) -> None:
+            made.update(self._insert_run(cur, rid, scenario, parent_run_id, fork_seq, label))
+
+        if events:
+            if payloads is None:
+                payloads = [ev.encode_checked(e) for e in events]
+            self._write(rid, events, None, payloads, None, opening=insert)
+        else:
+            with self._tx() as cur:
+                insert(cur)
+        info, key, head = made["info"], made["key"], made["head"]
+        if type(info.created_at) is str:  # what reading the row back gives
             self._remember_run(info)
             if key:
                 self._run_keys[rid] = int(key)
@@ -905,6 +897,47 @@ class Journal:
                 self._fork_heads.clear()
             self._fork_heads[rid] = head
         return rid
+
+    def _insert_run(
+        self,
+        cur: Any,
+        rid: str,
+        scenario: str,
+        parent_run_id: str | None,
+        fork_seq: int | None,
+        label: str,
+    ) -> dict[str, Any]:
+        """The runs row and its writer lease, in the transaction of `cur`; what the caller
+        remembers once it commits: the row, its run_key (SQLite), the parent's head (a fork)."""
+        head: int | None = None
+        root = rid
+        if parent_run_id is not None:
+            parent = self._run_row(cur, parent_run_id)
+            if fork_seq is None or fork_seq < 0:
+                raise InterventionError(f"a fork needs a fork_seq >= 0, got {fork_seq!r}")
+            head = self._head(cur, parent.run_id)
+            if fork_seq > head:
+                raise InterventionError(
+                    f"cannot fork run {parent.run_id!r} at seq {fork_seq}: it has only "
+                    f"{head} events"
+                )
+            root = parent.root_run_id
+            parent_run_id = parent.run_id
+        created = self._clock()
+        cur.execute(
+            self._q(
+                "INSERT INTO runs (run_id, parent_run_id, fork_seq, root_run_id, scenario,"
+                " created_at, label) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            ),
+            (rid, parent_run_id, fork_seq, root, scenario, created, label),
+        )
+        # SQLite's run_key is the rowid (a trigger's inserts do not change it); the next
+        # insert does
+        key = cur.lastrowid if self.is_sqlite and self.keyed else None
+        # the creating process is the run's writer until a recorder takes over or it ends
+        self._put_lease(cur, rid)
+        info = RunInfo(rid, parent_run_id, fork_seq, root, scenario, created, label)
+        return {"info": info, "key": key, "head": head}
 
     def _remember_run(self, info: RunInfo) -> None:
         if len(self._run_rows) >= 50_000:
@@ -1138,12 +1171,27 @@ class Journal:
         if self.write_version >= 4 and expected_seq and run_id not in self._compactors:
             self._warm_compactor(run_id, expected_seq)
         ready = self._prepare(run_id, events, expected_seq, payloads)
+        return self._write(run_id, events, expected_seq, payloads, ready)
+
+    def _write(
+        self,
+        run_id: str,
+        events: Sequence[ev.Event],
+        expected_seq: int | None,
+        payloads: Sequence[bytes],
+        ready: tuple[list[EventRow], dict[bytes, bytes], int] | None,
+        opening: Callable[[Any], None] | None = None,
+    ) -> int:
+        """The append's transaction (`opening(cur)` first in it: a new run's row), and what
+        this writer learns from it once it commits; the new head."""
         # the transaction and what this writer learns from it, one thread at a time: what a
         # transaction leaves pending (texts, the texts' base) is another thread's otherwise
         with self._lock:
             self._pending_texts = {}
             try:
                 with self._tx() as cur:
+                    if opening is not None:
+                        opening(cur)
                     if ready is None:
                         head = self._append(cur, run_id, events, expected_seq, payloads)
                     else:

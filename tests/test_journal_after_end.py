@@ -130,3 +130,22 @@ def test_cli_accuse_twice_says_so(tmp_path: Path) -> None:
     again = car(path, "accuse", run, "intel")
     assert again.returncode != 0 and again.stderr.startswith("error:")
     assert "Traceback" not in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+
+def test_a_run_created_with_its_events_is_written_whole_or_not_at_all(target: str) -> None:
+    """`create_run(events=...)` writes the runs row and the events in one transaction (an
+    imported trace, a detection's record): a step the journal refuses inside it (here an
+    event after the end) leaves no run behind, not an empty one."""
+    started = ev.RunStarted(
+        scenario="s", config={}, agents=["a"], policy={"name": "sim"}, root_seed=1,
+        engine_version="test", started_at="2026-01-01T00:00:00",
+    )  # fmt: skip
+    with Journal(target) as j:
+        with pytest.raises(RunClosed):
+            j.create_run("s", events=[started, ev.RunEnded(status="completed"), A_STEP])
+        assert j.runs() == []
+        rid = j.create_run("s", events=[started, ev.RunEnded(status="completed")])
+        assert j.head(rid) == 2 and j.status(rid) == "completed" and j.verify().ok
+        assert j.append(rid, [_accusation()]) == 3
+    with Journal(target) as j:
+        assert [r.run_id for r in j.runs()] == [rid] and j.verify().ok

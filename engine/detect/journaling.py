@@ -73,9 +73,6 @@ def journal_llm_step(
             error=error,
         ),
     ]
-    # every event encoded (and checked) before the run exists, and the three appended in one
-    # transaction: an event the journal refuses leaves no run behind, not an abandoned one
-    payloads = [ev.encode_checked(e) for e in events]
-    rid = journal.create_run(SCENARIO, label=f"detect {analysed_run} {method}")
-    journal.append(rid, events, payloads=payloads)
-    return rid
+    # the run and its events in one transaction (every event encoded and checked first): an
+    # event the journal refuses, an interrupt or a busy journal leaves no run behind
+    return journal.create_run(SCENARIO, label=f"detect {analysed_run} {method}", events=events)

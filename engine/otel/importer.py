@@ -761,8 +761,10 @@ def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[Imp
         ready.append((t, events, payloads))
     done = []
     for t, events, payloads in ready:
-        run_id = journal.create_run(IMPORTED_SCENARIO, label=f"trace {t.trace_id}")
-        journal.append(run_id, events, 0, payloads=payloads)
+        # the run and its events in one transaction: never an empty run left behind
+        run_id = journal.create_run(
+            IMPORTED_SCENARIO, label=f"trace {t.trace_id}", events=events, payloads=payloads
+        )
         done.append(
             ImportedRun(
                 run_id=run_id,
