@@ -141,7 +141,7 @@ def test_a_run_needs_two_agents(tmp_path: Path) -> None:
     """A crew of one cannot be told apart: a DetectError naming the run and its count."""
     with Journal(tmp_path / "j.db") as j:
         rid = hand_made(j, ["solo"], [("solo", "hi")], ended=True)
-        with pytest.raises(DetectError, match=rf"^run '{rid}' has 1 agents; detection needs two$"):
+        with pytest.raises(DetectError, match=rf"^run '{rid}' has 1 agent; detection needs two$"):
             analyze(j, rid)
 
 

@@ -145,3 +145,40 @@ def test_the_api_refuses_to_rerun_an_imported_run(imported: tuple[Path, str]) ->
         assert f"run {run!r} {REFUSAL}" in r.json()["error"], (what, r.text)
     assert rules.status_code == 200 and set(rules.json()["suspicion_scores"]) == set(AGENTS)
     assert rows(journal) == before
+
+
+def test_replay_without_a_command_names_an_imported_run_first(
+    imported: tuple[Path, str],
+) -> None:
+    """`car replay RUN` of an imported run said "no command to run: give it after `--`",
+    although any command would then be refused: the run is judged first."""
+    journal, run = imported
+    res = car(journal, "replay", run)
+    assert res.returncode == 1 and res.stderr.startswith("error:"), res.stderr
+    assert "imported" in res.stderr and "no command" not in res.stderr, res.stderr
+
+
+def test_a_detection_record_is_not_rerun(tmp_path: Path) -> None:
+    """The record of a detector's model call (`car detect --method llm`) is no run of agents:
+    fidelity, fork and attribute refuse it in one line (it was "unknown scenario
+    'detection'"), and write nothing."""
+    from engine.detect.journaling import journal_llm_step
+    from engine.detect.llm import LlmAnswer
+
+    journal = tmp_path / "j.db"
+    with Journal(journal) as j:
+        rid = journal_llm_step(
+            j, "abc", method="llm", base_url="http://127.0.0.1:9/v1", model="m", seed=1,
+            prompt=[{"role": "user", "content": "who?"}],
+            answer=LlmAnswer(raw="{}", model="m", finish_reason="stop"),
+            error=None, scores={}, warnings=[],
+        )  # fmt: skip
+    before = sqlite3.connect(journal).execute("SELECT count(*) FROM events").fetchone()
+    for args in (["fidelity", rid], ["fork", rid, "--at", "0", "--do", "resample"], ["attribute", rid]):
+        res = car(journal, *args)
+        assert res.returncode == 1, (args, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "record of a detector's model call" in lines[0], res.stderr
+    after = sqlite3.connect(journal).execute("SELECT count(*) FROM events").fetchone()
+    assert before == after
+    assert car(journal, "show", rid).returncode == 0

@@ -144,7 +144,10 @@ def analyze(
     view = public_view(journal, run_id)
     agents, messages, tools = inputs(view)
     if len(agents) < 2:
-        raise DetectError(f"run {view.run_id!r} has {len(agents)} agents; detection needs two")
+        n = len(agents)
+        raise DetectError(
+            f"run {view.run_id!r} has {n} agent{'' if n == 1 else 's'}; detection needs two"
+        )
     live = view.status in ("recording", "paused")
     if live and method in ("causal", "replay"):
         raise DetectError(

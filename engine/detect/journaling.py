@@ -14,9 +14,10 @@ from typing import Any
 from engine import events as ev
 from engine.detect.llm import LlmAnswer
 from engine.journal import Journal
+from engine.otel.imported import DETECTION_SCENARIO
 from engine.runtime.clock import SystemClock
 
-SCENARIO = "detection"
+SCENARIO = DETECTION_SCENARIO
 AGENT = "detector"
 
 

@@ -42,8 +42,18 @@ def not_rerunnable(run_id: str | None, needs: str = RERUN_NEEDS) -> NotReRunnabl
     )
 
 
+#: the scenario of the runs that record a detector's model call (engine.detect.journaling)
+DETECTION_SCENARIO = "detection"
+
+
 def ensure_rerunnable(journal: Journal, run_id: str) -> None:
-    """Fork, fidelity and attribution re-run a program; an imported trace has none."""
+    """Fork, fidelity and attribution re-run a program; an imported trace has none, and the
+    record of a detector's model call is no run of agents to re-run."""
     info = journal.run(run_id)
     if info.scenario == IMPORTED_SCENARIO:
         raise not_rerunnable(info.run_id)
+    if info.scenario == DETECTION_SCENARIO:
+        raise NotReRunnable(
+            f"run {info.run_id!r} is the record of a detector's model call (`car detect"
+            " --method llm`), not a run of agents to re-run; show and export read it"
+        )

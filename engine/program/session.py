@@ -392,9 +392,11 @@ def replay(
     outcome: str | None = None,
     stdout: Any = None,
 ) -> ReplayReport:
-    """Re-run `cmd` with every call answered from run `run_id`; nothing is journaled."""
-    check_command(cmd)
+    """Re-run `cmd` with every call answered from run `run_id`; nothing is journaled. The run
+    is checked first: a run that is no recorded program is refused for what it is, whatever
+    the command."""
     info = program_info(journal, run_id)
+    check_command(cmd)
     if info.status in ("recording", "paused"):
         raise ProgramError(f"run {info.run_id!r} is still recording; replay it once it ended")
     session = Session(recorder=None, upstream=None, recorded=info.calls, match=match)
