@@ -237,3 +237,15 @@ def test_an_unreadable_request_length_is_a_400_and_closes_the_connection(
     assert code == status
     assert says in json.loads(body)["error"]["message"]
     assert proxy.session.calls == 0 and proxy.session.journaled == 0
+
+
+@pytest.mark.parametrize("messages", [[1, 2], [{"role": "user", "content": "hi"}, "hi"], [None]])
+def test_a_message_that_is_not_an_object_is_refused(proxy: Proxy, messages: list[object]) -> None:
+    """A message that is not a JSON object was forwarded to the model but left out of the
+    journaled request: the run did not hold what the model was asked. It is a 400 naming the
+    message, and nothing reaches the upstream or the journal."""
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    got = _exchange(proxy.port, _request(body, f"Content-Length: {len(body)}"), 1)
+    assert got and got[0][0] == 400, got
+    assert "is not a JSON object" in json.loads(got[0][1])["error"]["message"]
+    assert proxy.session.calls == 0 and proxy.session.journaled == 0

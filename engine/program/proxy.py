@@ -625,6 +625,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             self._error(400, "a chat completion needs a JSON object with messages", "car")
             return
+        odd = next((i for i, m in enumerate(body["messages"]) if not isinstance(m, dict)), None)
+        if odd is not None:
+            # the journal records messages as objects: one that is not would be sent but not
+            # recorded, and the run would not hold what the model was asked
+            self._error(400, f"messages[{odd}] is not a JSON object: a chat message is one", "car")
+            return
         if body.get("n") not in (None, 1):
             self._error(400, f"n={body.get('n')!r}: one choice per call is recorded", "car")
             return
