@@ -80,3 +80,28 @@ def attrs_of(span: dict[str, Any]) -> dict[str, Any]:
     from engine.otel.attrs import attributes
 
     return attributes(span.get("attributes"))
+
+
+def chat_trace(agents: tuple[str, ...], line: str = "{agent} says {i}", rounds: int = 2) -> str:
+    """An OTLP/JSON trace of `rounds` chat spans per agent (in turn), each answering with one
+    line of text (`line`, formatted with the agent and the span's index)."""
+    spans = []
+    for i, agent in enumerate(agents * rounds):
+        text = line.format(agent=agent, i=i)
+        out = [{"role": "assistant", "parts": [{"type": "text", "content": text}]}]
+        attrs = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.agent.name": agent,
+            "gen_ai.output.messages": json.dumps(out),
+        }
+        spans.append(
+            {
+                "traceId": "cd" * 16,
+                "spanId": f"{i + 1:016x}",
+                "name": "chat",
+                "startTimeUnixNano": str(1000 * (i + 1)),
+                "endTimeUnixNano": str(1000 * (i + 1) + 500),
+                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()],
+            }
+        )
+    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]})

@@ -6,48 +6,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from journal_helpers import car
+from otel_helpers import chat_trace
 
 NAMES = ("[/]", "[bold]b", "[red]c[/red]")
-
-
-def _kv(key: str, value: str) -> dict[str, Any]:
-    return {"key": key, "value": {"stringValue": value}}
-
-
-def _trace() -> str:
-    spans = []
-    for i, agent in enumerate(NAMES * 2):
-        out = [
-            {
-                "role": "assistant",
-                "parts": [{"type": "text", "content": f"note {i} [PLAN:route=A{i}]"}],
-            }
-        ]
-        spans.append(
-            {
-                "traceId": "ab" * 16,
-                "spanId": f"{i + 1:016x}",
-                "name": "chat",
-                "startTimeUnixNano": str(1000 * (i + 1)),
-                "endTimeUnixNano": str(1000 * (i + 1) + 500),
-                "attributes": [
-                    _kv("gen_ai.operation.name", "chat"),
-                    _kv("gen_ai.agent.name", agent),
-                    _kv("gen_ai.output.messages", json.dumps(out)),
-                ],
-            }
-        )
-    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]})
 
 
 @pytest.fixture
 def imported(tmp_path: Path) -> tuple[Path, str]:
     journal, trace = tmp_path / "j.db", tmp_path / "t.json"
-    trace.write_text(_trace())
+    trace.write_text(chat_trace(NAMES, "note {i} [PLAN:route=A{i}]"))
     res = car(journal, "import", str(trace), "--json")
     assert res.returncode == 0, res.stderr
     (run,) = json.loads(res.stdout)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 from journal_helpers import car
+from otel_helpers import chat_trace
 from server_helpers import car_serve
 
 from engine.errors import UnknownScenario
@@ -22,37 +22,11 @@ AGENTS = ("alice", "bob", "carol")
 REFUSAL = "was imported from a trace and has no program to re-run"
 
 
-def kv(key: str, value: str) -> dict[str, Any]:
-    return {"key": key, "value": {"stringValue": value}}
-
-
-def three_agent_trace() -> str:
-    """Six chat spans, two per agent, each answering with a line of text."""
-    spans = []
-    for i, agent in enumerate(AGENTS * 2):
-        out = [{"role": "assistant", "parts": [{"type": "text", "content": f"{agent} says {i}"}]}]
-        spans.append(
-            {
-                "traceId": "cd" * 16,
-                "spanId": f"{i + 1:016x}",
-                "name": "chat",
-                "startTimeUnixNano": str(1000 * (i + 1)),
-                "endTimeUnixNano": str(1000 * (i + 1) + 500),
-                "attributes": [
-                    kv("gen_ai.operation.name", "chat"),
-                    kv("gen_ai.agent.name", agent),
-                    kv("gen_ai.output.messages", json.dumps(out)),
-                ],
-            }
-        )
-    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]})
-
-
 @pytest.fixture
 def imported(tmp_path: Path) -> tuple[Path, str]:
     """A journal holding one imported run of three agents, and the run's id."""
     journal, trace = tmp_path / "j.db", tmp_path / "t.json"
-    trace.write_text(three_agent_trace())
+    trace.write_text(chat_trace(AGENTS))
     res = car(journal, "import", str(trace), "--json")
     assert res.returncode == 0, res.stderr
     (run,) = json.loads(res.stdout)
@@ -174,7 +148,11 @@ def test_a_detection_record_is_not_rerun(tmp_path: Path) -> None:
             error=None, scores={}, warnings=[],
         )  # fmt: skip
     before = sqlite3.connect(journal).execute("SELECT count(*) FROM events").fetchone()
-    for args in (["fidelity", rid], ["fork", rid, "--at", "0", "--do", "resample"], ["attribute", rid]):
+    for args in (
+        ["fidelity", rid],
+        ["fork", rid, "--at", "0", "--do", "resample"],
+        ["attribute", rid],
+    ):
         res = car(journal, *args)
         assert res.returncode == 1, (args, res.stderr)
         lines = res.stderr.strip().splitlines()
