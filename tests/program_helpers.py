@@ -15,6 +15,19 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+#: a program of two calls that, run as a fork's branch (SLOW set), then sleeps a minute: the
+#: branch is in the middle of its program when the test interrupts it
+SLOW_WHEN_FORKED = """
+import os, sys, time
+from openai import OpenAI
+c = OpenAI(max_retries=0)
+c.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
+c.chat.completions.create(model="m", messages=[{"role": "user", "content": "two"}])
+if os.environ.get("SLOW"):
+    print("called", file=sys.stderr, flush=True)
+    time.sleep(60)
+"""
+
 
 def reply_for(req: dict[str, Any]) -> dict[str, Any]:
     messages = req.get("messages") or []

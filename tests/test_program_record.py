@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from program_helpers import CannedServer
+from program_helpers import SLOW_WHEN_FORKED, CannedServer
 from servers import FaultyLLMServer, free_port
 
 from engine import events as ev
@@ -405,18 +405,6 @@ def test_core_commands_send_a_program_run_to_its_command(
     assert "re-run by its own command" in r.stderr and "car replay RUN -- CMD" in r.stderr
     r = car(journal, "fork", run_id, "--at", "1", "--do", "resample", "-n", "1")
     assert r.returncode == 1 and "give its command after `--`" in r.stderr
-
-
-SLOW_WHEN_FORKED = """
-import os, sys, time
-from openai import OpenAI
-c = OpenAI(max_retries=0)
-c.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
-c.chat.completions.create(model="m", messages=[{"role": "user", "content": "two"}])
-if os.environ.get("SLOW"):
-    print("called", file=sys.stderr, flush=True)
-    time.sleep(60)
-"""
 
 
 def test_ctrl_c_during_a_fork_closes_the_branch_as_stopped(

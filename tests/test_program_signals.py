@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from program_helpers import CannedServer
+from program_helpers import SLOW_WHEN_FORKED, CannedServer
 
 from engine import events as ev
 from engine.journal import Journal
@@ -180,18 +180,6 @@ def test_ctrl_z_stops_the_program_with_car_and_fg_continues_both(
         (info,) = j.runs()
         assert j.status(info.run_id) == "completed"
         assert sum(isinstance(e, ev.LlmCall) for e in j.events(info.run_id)) == 2
-
-
-SLOW_WHEN_FORKED = """
-import os, sys, time
-from openai import OpenAI
-c = OpenAI(max_retries=0)
-c.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
-c.chat.completions.create(model="m", messages=[{"role": "user", "content": "two"}])
-if os.environ.get("SLOW"):
-    print("called", file=sys.stderr, flush=True)
-    time.sleep(60)
-"""
 
 
 def test_ctrl_c_during_a_fork_is_one_line_without_the_branch_s_traceback(
