@@ -427,13 +427,7 @@ class _Checker:
             if name in wanted:
                 if _trigger_refuses(name, table, str(sql or "")):
                     continue
-                self.add(
-                    None,
-                    None,
-                    f"append-only trigger {name!r} was altered: it no longer refuses what it"
-                    " should",
-                    "trigger",
-                )
+                self.trigger_altered(name)
             elif table.lower() in _HISTORY_TABLES:
                 self.add(
                     None,
@@ -441,6 +435,14 @@ class _Checker:
                     f"trigger {name!r} on history table {table!r} is not the journal's",
                     "trigger",
                 )
+
+    def trigger_altered(self, name: str) -> None:
+        self.add(
+            None,
+            None,
+            f"append-only trigger {name!r} was altered: it no longer refuses what it should",
+            "trigger",
+        )
 
     def check_pg_triggers(self, wanted: set[str]) -> set[str]:
         """The names of the journal's triggers found on their tables (of the current schema,
@@ -485,13 +487,7 @@ class _Checker:
                     "trigger",
                 )
             if tgtype != _PG_TRIGGER_TYPES.get(action) or not plain:
-                self.add(
-                    None,
-                    None,
-                    f"append-only trigger {name!r} was altered: it no longer refuses what it"
-                    " should",
-                    "trigger",
-                )
+                self.trigger_altered(name)
             elif language != "plpgsql" or " ".join(str(source or "").split()) != want_body:
                 altered[str(function)].append(name)
         for function, names in altered.items():
