@@ -103,6 +103,9 @@ def iv_value(iv: Intervention) -> Any:
 MAX_VALUE_BYTES = 1 << 20
 #: How deeply a do_context JSON value may nest (it is one flat object).
 MAX_JSON_DEPTH = 4
+#: The most branches one fork makes: each is a journaled run, and their specs are made up
+#: front (a bound of 10^11 ran out of memory in a traceback after half a minute).
+MAX_BRANCHES = 100_000
 
 
 def parse_intervention(op: str, k: int, value: str | None) -> Intervention:
@@ -878,8 +881,10 @@ def fork_many(
 
     With do_policy, `policy_override` (--base-url, --model, --timeout) applies to the policy
     swapped in, and is journaled as part of the intervention's value."""
-    if n < 1:
-        raise InterventionError(f"the number of branches must be at least 1, got {n}")
+    if not 1 <= n <= MAX_BRANCHES:
+        raise InterventionError(
+            f"the number of branches must lie within [1, {MAX_BRANCHES}], got {n}"
+        )
     parent = parent_info(journal, run_id)
     thread_policy = False
     if isinstance(iv, DoPolicy):

@@ -136,6 +136,8 @@ class StepMatch(msgspec.Struct, frozen=True):
     new_model: str
     recorded_fingerprint: str | None
     new_fingerprint: str | None
+    #: the spec of the policy that decided this step (a do_policy branch swapped it)
+    policy: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class FidelityReport(msgspec.Struct, frozen=True):
@@ -148,6 +150,8 @@ class FidelityReport(msgspec.Struct, frozen=True):
     per_agent: dict[str, dict[str, float | int]]
     per_step: list[dict[str, Any]]
     divergences: list[dict[str, Any]]
+    #: do_policy swaps in the run's history: [{"step": k, "policy": spec}], from step k on
+    policy_swaps: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -191,7 +195,8 @@ def fidelity(
 
     def one(item: tuple[RecordedStep, AgentView, list[dict[str, str]]]) -> StepMatch:
         step, view, messages = item
-        new = _policy_at(step, policy).decide(view, messages, step.call.seed)
+        step_policy, step_spec = _policy_at(step, policy, spec)
+        new = step_policy.decide(view, messages, step.call.seed)
         rec = step.call.response
         exact = new.text == rec
         # normalised: same words up to whitespace and case, and the same parsed tool calls
@@ -210,6 +215,7 @@ def fidelity(
             new_model=new.model,
             recorded_fingerprint=step.call.system_fingerprint,
             new_fingerprint=new.system_fingerprint,
+            policy=step_spec,
         )
 
     matches: list[StepMatch | None] = [None] * len(todo)
@@ -236,16 +242,25 @@ def fidelity(
             if progress:
                 progress(i + 1, len(todo))
     done = [m for m in matches if m is not None]
-    return _report(info.run_id, spec, len(steps), skipped, done)
+    swaps = [
+        {"step": iv["at"], "policy": dict(iv["value"])}
+        for iv in steps[-1].state.interventions
+        if iv["op"] == "policy"
+    ]
+    return _report(info.run_id, spec, len(steps), skipped, done, swaps)
 
 
-def _policy_at(step: RecordedStep, default: Policy) -> Policy:
-    """The policy that decided this step: a do_policy branch swapped it from its fork step on."""
+def _policy_at(
+    step: RecordedStep, default: Policy, default_spec: dict[str, Any]
+) -> tuple[Policy, dict[str, Any]]:
+    """The policy that decided this step, and its spec: a do_policy branch swapped it from its
+    fork step on."""
     from engine.interventions import policy_for, policy_spec_at
 
     if not any(iv["op"] == "policy" for iv in step.state.interventions):
-        return default
-    return policy_for(policy_spec_at(step.state))
+        return default, default_spec
+    spec = policy_spec_at(step.state)
+    return policy_for(spec), spec
 
 
 def _report(
@@ -254,6 +269,7 @@ def _report(
     n_steps: int,
     skipped: int,
     matches: list[StepMatch],
+    swaps: list[dict[str, Any]] | None = None,
 ) -> FidelityReport:
     per_agent: dict[str, dict[str, float | int]] = {}
     for m in matches:
@@ -278,8 +294,8 @@ def _report(
                 "new_model": m.new_model,
                 "recorded_fingerprint": m.recorded_fingerprint,
                 "new_fingerprint": m.new_fingerprint,
-                "server": spec.get("base_url"),
-                "explanation": _explain(m, spec),
+                "server": (m.policy or spec).get("base_url"),
+                "explanation": _explain(m, m.policy or spec),
             },
         }
         for m in matches
@@ -298,6 +314,7 @@ def _report(
             for m in matches
         ],
         divergences=divergences,
+        policy_swaps=list(swaps or []),
     )
 
 

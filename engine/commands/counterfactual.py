@@ -34,11 +34,13 @@ MAX_BUDGET = 10_000_000
 #: Seeds of the forward runs (attribute, validate): what numpy's seeding and the journaled
 #: branch seeds take, as `car detect --seed` does.
 MAX_SEED = 2**63 - 1
+#: --branches/-n of fork at most: each branch is a journaled run (its spec is made up front),
+#: and the bound of --runs is already far past any useful precision.
+MAX_BRANCHES = MAX_RUNS
 
 ConcurrencyOpt = Annotated[
     int, typer.Option("--concurrency", "-c", min=1, help="Branches (or steps) run at once.")
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the forward runs (reproducible).")]
 EstimateSeedOpt = Annotated[
     int,
     typer.Option("--seed", min=0, max=MAX_SEED, help="Seed of the forward runs (reproducible)."),
@@ -164,11 +166,21 @@ def _read_value_file(path: Path) -> str:
                 f"{str(path)!r} is {size} bytes; the limit is {MAX_VALUE_FILE}",
                 param_hint="'--value-file'",
             )
-        data = path.read_bytes()
+        with path.open("rb") as f:  # bounded: the file may have grown since the stat
+            data = f.read(MAX_VALUE_FILE + 1)
+        if len(data) > MAX_VALUE_FILE:
+            raise typer.BadParameter(
+                f"{str(path)!r} is over {MAX_VALUE_FILE} bytes; the limit is {MAX_VALUE_FILE}",
+                param_hint="'--value-file'",
+            )
     except OSError as e:
         raise typer.BadParameter(
             f"cannot read {str(path)!r}: {e.strerror}", param_hint="'--value-file'"
         ) from e
+    if not data:
+        raise typer.BadParameter(
+            f"{str(path)!r} is empty; the value must be text", param_hint="'--value-file'"
+        )
     if b"\x00" in data:
         raise typer.BadParameter(
             f"{str(path)!r} is binary (it contains NUL bytes); the value must be text",
@@ -238,8 +250,13 @@ def fidelity_cmd(
     if as_json:
         emit_json(data)
         return
+    swaps = "".join(
+        f", {in_markup(str(s['policy'].get('name')))} from step {s['step']}"
+        for s in report.policy_swaps
+    )
     out.print(
-        f"[bold]fidelity of run {report.run_id}[/] (policy {report.policy.get('name')}): "
+        f"[bold]fidelity of run {report.run_id}[/] "
+        f"(policy {in_markup(str(report.policy.get('name')))}{swaps}): "
         f"action-match rate [bold]{_pct(report.action_match_rate)}[/] "
         f"(exact {_pct(report.exact_match_rate)}) over "
         f"{report.steps - report.skipped} re-executed steps"
@@ -285,8 +302,17 @@ def fork_cmd(
     value_file: Annotated[
         Path | None, typer.Option("--value-file", help="Read --value from a text file.")
     ] = None,
-    n: Annotated[int, typer.Option("--branches", "-n", min=1, help="Number of branches.")] = 20,
-    seed: SeedOpt = 0,
+    n: Annotated[
+        int,
+        typer.Option(
+            "--branches",
+            "-n",
+            min=1,
+            max=MAX_BRANCHES,
+            help="Number of branches (at most 100,000).",
+        ),
+    ] = 20,
+    seed: EstimateSeedOpt = 0,
     concurrency: ConcurrencyOpt = 1,
     base_url: BaseUrlOpt = None,
     model: ModelOpt = None,
@@ -302,7 +328,9 @@ def fork_cmd(
     With --do policy, --base-url, --model and --timeout configure the policy
     swapped in. With `-- CMD` the run is a recorded program (car record): CMD is
     re-run per branch, calls before k answered from the journal, live after k.
-    Exits 1 when every branch failed."""
+    Every fork adds N new branches: the same --seed gives the same outcomes
+    again, but it is not read back from earlier branches (car attribute does
+    that). Exits 1 when every branch failed."""
     from engine.branching import fork
     from engine.interventions import parse_intervention
     from engine.scenario import Rerun
