@@ -39,13 +39,20 @@ _HIDDEN_KINDS = frozenset({*ev.SECRET_KINDS, "llm_call"})
 _SERVER_WORDS = re.compile(r"(answered HTTP \d{3}): .*?((?: \(after \d+ attempts\))?)$", re.S)
 
 
+# ... and in a reply that is no completion: "... (received 812 bytes: '{\"echo\": ...')"
+_RECEIVED = re.compile(r" \(received \d+ bytes: .*?\)(?=(?: \(after \d+ attempts\))?$)", re.S)
+
+
 def public_error(error: str | None) -> str | None:
     """A run's error as the public may see it: the error reply of a model server keeps its
     status but not its message, which may quote the request or count its tokens (a request
     of the mole holds its secret instructions: "you requested 2300 tokens" tells a longer
-    prompt); `--reveal` shows the whole error."""
+    prompt), and a reply that is no completion keeps what was wrong with it but not its
+    bytes nor their count (a server may echo the request); `--reveal` shows the whole
+    error."""
     if error is None:
         return None
+    error = _RECEIVED.sub(" (what it sent is shown with --reveal)", error)
     return _SERVER_WORDS.sub(r"\1 (its message is shown with --reveal)\2", error)
 
 

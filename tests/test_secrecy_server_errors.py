@@ -89,3 +89,35 @@ def test_a_forks_report_holds_the_status_not_the_servers_words(tmp_path: Path) -
             )
             assert "HTTP 400" in forked.stdout + forked.stderr, forked.stdout + forked.stderr
             assert "context too long" not in forked.stdout + forked.stderr
+
+
+def _echo_the_prompt(request: dict[str, Any], calls: list[int] = []) -> tuple[int, dict[str, Any]]:  # noqa: B006
+    """Answer the first turn, then reply 200 with no completion but an echo of the request's
+    system prompt (a misconfigured endpoint)."""
+    calls.append(1)
+    if len(calls) == 1:
+        return 200, completion("Checking the guard rota.")
+    return 200, {"echo": request["messages"][0]["content"]}
+
+
+def test_a_reply_that_is_no_completion_is_public_without_its_bytes(tmp_path: Path) -> None:
+    """The error of a reply that is no completion quoted its first 120 bytes and their count:
+    an endpoint that echoes the request put the acting agent's system prompt (the mole's
+    holds its instructions) into the public error. The public views keep what was wrong
+    ("returned a malformed completion"), not the bytes; --reveal has them."""
+    journal = tmp_path / "j.db"
+    with scripted_server(_echo_the_prompt) as server:
+        res = car(
+            journal, "heist", "--policy", "openai", "--base-url", server.url, "--model", "m",
+            "--rounds", "1", "--seed", "3",
+        )  # fmt: skip
+    assert res.returncode == 1 and "malformed completion" in res.stderr, res.stderr
+    assert "You are" not in res.stderr and "received" not in res.stderr, res.stderr
+    with Journal(journal, create=False) as j:
+        (run,) = [r.run_id for r in j.runs()]
+        (ended,) = [e for _seq, e in public_events(j, run) if e["kind"] == "run_ended"]
+    assert "malformed completion" in ended["error"] and "You are" not in ended["error"]
+    for args in (["show", run], ["show", run, "--json"], ["export", run]):
+        out = car(journal, *args)
+        assert out.returncode == 0 and "received" not in out.stdout, args
+    assert "received" in car(journal, "show", run, "--reveal").stdout
