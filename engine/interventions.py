@@ -273,7 +273,8 @@ def override_options(name: str, override: Mapping[str, Any]) -> dict[str, Any]:
     bad = sorted(k for k in override if k not in known)
     if bad:
         flags = ", ".join("--" + k.replace("_", "-") for k in bad)
-        raise InterventionError(f"{flags} do not apply to policy {name}")
+        verb = "does" if len(bad) == 1 else "do"
+        raise InterventionError(f"{flags} {verb} not apply to policy {name}")
     return {k: known[k](str(v)) for k, v in override.items()}
 
 

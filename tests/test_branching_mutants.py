@@ -163,7 +163,7 @@ def test_a_policy_override_is_checked_against_the_recorded_policy_and_used(
         attribute(
             j, run, method="contrastive", rerun=Rerun(policy_override={"base_url": "http://x"})
         )
-    assert str(e.value) == "--base-url do not apply to policy sim"
+    assert str(e.value) == "--base-url does not apply to policy sim"
 
 
 def test_an_executor_asked_for_is_the_one_used(journal: tuple[Journal, str]) -> None:

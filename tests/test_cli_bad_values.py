@@ -139,7 +139,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "--base-url on sim",
         [*FORK, "--do", "resample", "--base-url", "http://x/v1"],
         1,
-        "--base-url do not apply to policy sim",
+        "--base-url does not apply to policy sim",
     ),
     ("unknown run", ["fork", "nosuchrun", "--at", "3", "--do", "resample"], 1, "unknown run"),
     # attribute
@@ -184,7 +184,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "fidelity --base-url on sim",
         ["fidelity", "RUN", "--base-url", "http://x/v1"],
         1,
-        "do not apply to policy sim",
+        "does not apply to policy sim",
     ),
     ("runs -n -1", ["runs", "-n", "-1"], 2, "-n"),
     # a value the journal refuses (bytes that are no UTF-8 arrive as lone surrogates): each

@@ -107,7 +107,7 @@ def test_override_options_checks_against_the_policy() -> None:
     assert override_options("sim", {"drift": "0.5"}) == {"drift": 0.5}
     with pytest.raises(InterventionError, match=r"^--base-url, --max-tokens do not apply"):
         override_options("sim", {"max_tokens": 3, "base_url": "u"})
-    with pytest.raises(InterventionError, match=r"^--drift do not apply to policy other$"):
+    with pytest.raises(InterventionError, match=r"^--drift does not apply to policy other$"):
         override_options("other", {"drift": 0})
 
 
@@ -269,7 +269,7 @@ def test_fork_with_an_override_for_the_runs_policy(tmp_path: Path) -> None:
         run = record_heist(j, SimPolicy(), seed=4, rounds=1).run_id
         rep = fork_many(j, run, DoResample(1), 1, policy_override={"drift": "0"})
         assert rep.scored == 1
-        with pytest.raises(InterventionError, match="--model do not apply to policy sim"):
+        with pytest.raises(InterventionError, match="--model does not apply to policy sim"):
             fork_many(j, run, DoResample(1), 1, policy_override={"model": "m"})
         assert len(j.children(run)) == 1
 

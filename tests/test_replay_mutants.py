@@ -235,7 +235,7 @@ def test_policy_override_is_checked_and_applied(runs: tuple[Journal, dict[str, s
     rep = fidelity(j, made["sim"], policy_override={"drift": "0"})
     assert rep.policy == {"name": "sim", "drift": 0.0}
     assert rep.exact_match_rate == 1.0
-    with pytest.raises(InterventionError, match=r"--model do not apply to policy sim$"):
+    with pytest.raises(InterventionError, match=r"--model does not apply to policy sim$"):
         fidelity(j, made["sim"], policy_override={"model": "m"})
 
 
