@@ -154,7 +154,8 @@ def show_cmd(
 def _add_branches(node: Any, children: list[dict[str, Any]], depth: int, limit: int) -> None:
     """Print `limit` branches a level and `depth` levels; say how many were left out."""
     for c in children[:limit]:
-        label = f"{c['run_id']} @step {c['fork_step']} {c.get('op') or ''} {c.get('verdict') or ''}"
+        end = c.get("verdict") or c.get("ended") or ""
+        label = f"{c['run_id']} @step {c['fork_step']} {c.get('op') or ''} {end}"
         child = node.add(label.strip())
         if depth > 1:
             _add_branches(child, c["children"], depth - 1, limit)

@@ -61,8 +61,17 @@ class RunDiff(msgspec.Struct, frozen=True):
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
+#: Word diffs cost up to (tokens of a) x (tokens of b) comparisons: a repetitive message of
+#: 15,000 words against another took 86 s. Past this many (after the common head and tail are
+#: set aside) the differing middle is shown as one deletion and one insertion.
+MAX_DIFF_CELLS = 1_000_000
+
+
 def word_diff(a: str, b: str) -> list[tuple[WordOp, str]]:
-    """The message a -> b as runs of equal, deleted and inserted words (whitespace kept)."""
+    """The message a -> b as runs of equal, deleted and inserted words (whitespace kept).
+
+    The common head and tail are equal runs; the middle is diffed word by word unless that
+    would take more than MAX_DIFF_CELLS comparisons (then it is one deletion, one insertion)."""
     ta, tb = _TOKENS.findall(a), _TOKENS.findall(b)
     ops: list[tuple[WordOp, str]] = []
 
@@ -75,13 +84,26 @@ def word_diff(a: str, b: str) -> list[tuple[WordOp, str]]:
         else:
             ops.append((op, text))
 
-    matcher = difflib.SequenceMatcher(None, ta, tb, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            add("equal", ta[i1:i2])
-        else:
-            add("delete", ta[i1:i2])
-            add("insert", tb[j1:j2])
+    head = 0
+    while head < min(len(ta), len(tb)) and ta[head] == tb[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(ta), len(tb)) - head and ta[-1 - tail] == tb[-1 - tail]:
+        tail += 1
+    mid_a, mid_b = ta[head : len(ta) - tail], tb[head : len(tb) - tail]
+    add("equal", ta[:head])
+    if len(mid_a) * len(mid_b) > MAX_DIFF_CELLS:
+        add("delete", mid_a)
+        add("insert", mid_b)
+    else:
+        matcher = difflib.SequenceMatcher(None, mid_a, mid_b, autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag == "equal":
+                add("equal", mid_a[i1:i2])
+            else:
+                add("delete", mid_a[i1:i2])
+                add("insert", mid_b[j1:j2])
+    add("equal", ta[len(ta) - tail :])
     return ops
 
 
@@ -94,12 +116,18 @@ def _sides(run: PublicRun) -> dict[int, StepSide]:
 
 
 def _relation(journal: Journal, a: PublicRun, b: PublicRun) -> str:
+    if a.run_id == b.run_id:
+        return "the same run"
     if b.parent_run_id == a.run_id:
         return f"b forked from a at step {b.fork_step}"
     if a.parent_run_id == b.run_id:
         return f"a forked from b at step {a.fork_step}"
     if a.parent_run_id is not None and a.parent_run_id == b.parent_run_id:
         return f"siblings: both forked from {a.parent_run_id}"
+    if any(seg.run_id == a.run_id for seg in journal.lineage(b.run_id)):
+        return "b descends from a (a branch of a branch)"
+    if any(seg.run_id == b.run_id for seg in journal.lineage(a.run_id)):
+        return "a descends from b (a branch of a branch)"
     if journal.run(a.run_id).root_run_id == journal.run(b.run_id).root_run_id:
         return "related: branches of the same run"
     return "unrelated"

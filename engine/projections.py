@@ -50,11 +50,17 @@ def run_summary(
 
 
 def _outcome_of(j: Journal, run_id: str) -> dict[str, Any] | None:
+    ended = _ending_of(j, run_id)
+    return None if ended is None else ended[1]
+
+
+def _ending_of(j: Journal, run_id: str) -> tuple[str, dict[str, Any]] | None:
+    """How the run ended (RunEnded's status and outcome), or None while it has not."""
     head = j.head(run_id)
     for stored in j.read(run_id, max(0, head - 4), head):
         e = stored.event
         if isinstance(e, ev.RunEnded):
-            return dict(e.outcome)
+            return e.status, dict(e.outcome)
     return None
 
 
@@ -90,8 +96,15 @@ def branch_tree(j: Journal, run_id: str) -> dict[str, Any]:
     if info.parent_run_id is not None and info.fork_seq is not None:
         first = next(j.read(info.run_id, info.fork_seq, info.fork_seq + 1), None)
         node["op"] = first.event.op if first is not None and first.kind == "intervention" else None  # type: ignore[union-attr]
-        o = _outcome_of(j, info.run_id)
-        node["verdict"] = None if o is None else ("bad" if o.get("bad") else "ok")
+        ended = _ending_of(j, info.run_id)
+        # a verdict only for a branch that completed: a stopped or failed one has no outcome
+        # (it is not "ok"); its ending is said instead
+        node["verdict"] = (
+            ("bad" if ended[1].get("bad") else "ok")
+            if ended is not None and ended[0] == "completed"
+            else None
+        )
+        node["ended"] = ended[0] if ended is not None and ended[0] != "completed" else None
     node["children"] = [branch_tree(j, c.run_id) for c in j.children(info.run_id)]
     return node
 
@@ -224,7 +237,17 @@ def state_dict(state: State, *, reveal: bool = False) -> dict[str, Any]:
 
 
 def state_view(j: Journal, run_id: str, k: int, *, reveal: bool = False) -> dict[str, Any]:
-    """s_k for `car state`: the public projection unless `reveal` (then the whole fold)."""
+    """s_k for `car state`: the public projection unless `reveal` (then the whole fold).
+
+    k runs from 0 (before the first step) to the number of steps (after the last one)."""
+    n = j.steps(run_id)
+    if not 0 <= k <= n:
+        from engine.errors import InterventionError
+
+        raise InterventionError(
+            f"step {k} is out of range: run {j.run(run_id).run_id!r} has states 0..{n} "
+            f"(s_k is the state before step k; {n}: after its last step)"
+        )
     if not reveal:
         return public_state(j, run_id, k)
     info = j.run(run_id)

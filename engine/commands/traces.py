@@ -62,14 +62,15 @@ def export_cmd(
         output = None  # the usual name of stdout
     if endpoint is not None and output is not None:
         fail("give -o FILE or --otlp-endpoint URL, not both")
-    with open_journal(create=False) as j:
+    # read-only, as every command that only reads: an older journal is not migrated by it
+    with open_journal(create=False, readonly=True) as j:
         ids = export_runs(j, run_id, with_branches=branches)
         per_file = output is not None and output.is_dir()
         if per_file:
             written = []
             for rid in ids:
                 path = output / f"{rid}.otlp.json"  # type: ignore[operator]
-                _write(path, dumps(trace_document(j, [rid])))
+                _write(path, _shown(dumps(trace_document(j, [rid]))))
                 written.append(str(path))
             summary: dict[str, Any] = {"runs": ids, "files": written}
         else:
@@ -81,10 +82,10 @@ def export_cmd(
             if endpoint is not None:
                 summary["endpoint"] = post(document, endpoint, protocol=protocol)
             elif output is not None:
-                _write(output, dumps(document))
+                _write(output, _shown(dumps(document)))
                 summary["files"] = [str(output)]
             else:
-                print(dumps(document))
+                print(_shown(dumps(document)))
                 return
     if as_json:
         emit_json(summary)
@@ -92,6 +93,14 @@ def export_cmd(
     where = summary.get("endpoint") or ", ".join(summary.get("files", []))
     what = f"{len(ids)} trace" + ("s" if len(ids) != 1 else "")
     out.print(f"exported {what} ({', '.join(ids)}) to {where}", highlight=False)
+
+
+def _shown(document: str) -> str:
+    """An exported JSON document without a raw character a terminal would act on (C1
+    controls, line separators, bidi overrides in a reply): \\u escapes, the same JSON value."""
+    from engine.commands.common import _UNSAFE_IN_JSON
+
+    return document.translate(_UNSAFE_IN_JSON)
 
 
 def _write(path: Path, text: str) -> None:
@@ -159,7 +168,7 @@ def diff_cmd(
     from engine.diff import diff_runs
     from engine.terminal import in_markup, printable
 
-    with open_journal(create=False) as j:
+    with open_journal(create=False, readonly=True) as j:
         d = diff_runs(j, run_a, run_b)
     if as_json:
         emit_json(d.to_dict())
@@ -173,7 +182,8 @@ def diff_cmd(
         out.print(f"no difference: {d.same_before} steps, the same step for step")
         return
     out.print(
-        f"[bold]first diverging step: {d.first_divergence}[/] ({d.reason}); "
+        # the reason names the agents of both sides: names from an imported trace are data
+        f"[bold]first diverging step: {d.first_divergence}[/] ({in_markup(d.reason)}); "
         f"{d.same_before} identical steps before it",
         highlight=False,
     )
