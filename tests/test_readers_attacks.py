@@ -227,3 +227,22 @@ def test_state_out_of_range_names_the_states_there_are(tmp_path: Path) -> None:
         assert res.returncode == 1 and res.stdout == ""
         assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
         assert f"has states 0..{n} " in res.stderr, res.stderr
+
+
+def test_the_dashboards_word_diff_is_bounded_as_car_diffs() -> None:
+    """The server's branch diff had its own unbounded word diff: two long repetitive messages
+    (15,000 words each) took minutes of difflib. It is `car diff`'s now, in the API's shape."""
+    from engine.server.views import word_diff as api_word_diff
+
+    a = "go now " * 7_500 + "at 01:00"
+    b = "now go " * 7_500 + "at 02:30"
+    segs = api_word_diff(a, b)
+    assert [s["op"] for s in segs] == ["delete", "insert"]
+    assert segs[0]["text"] == " ".join(a.split()) and segs[1]["text"] == " ".join(b.split())
+    small = api_word_diff("go at 01:00 now", "go at 02:30 now")
+    assert small == [
+        {"op": "equal", "text": "go at"},
+        {"op": "delete", "text": "01:00"},
+        {"op": "insert", "text": "02:30"},
+        {"op": "equal", "text": "now"},
+    ]

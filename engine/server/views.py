@@ -6,7 +6,6 @@ themselves (ids, parents, creation time), which carry nothing secret.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import msgspec
@@ -163,18 +162,16 @@ def _count(kids: list[RunInfo], by_parent: dict[str, list[RunInfo]]) -> int:
 
 
 def word_diff(a: str, b: str) -> list[dict[str, str]]:
-    """Word-level diff as segments: equal / delete (only in a) / insert (only in b)."""
-    wa, wb = a.split(), b.split()
-    sm = difflib.SequenceMatcher(a=wa, b=wb, autojunk=False)
+    """Word-level diff as segments: equal / delete (only in a) / insert (only in b), words
+    joined by one space; bounded as `car diff`'s (`engine.diff.word_diff`: a long repetitive
+    message is one deletion and one insertion, not minutes of difflib)."""
+    from engine.diff import word_diff as words
+
     out: list[dict[str, str]] = []
-    for op, i1, i2, j1, j2 in sm.get_opcodes():
-        if op == "equal":
-            out.append({"op": "equal", "text": " ".join(wa[i1:i2])})
-            continue
-        if op in ("replace", "delete"):
-            out.append({"op": "delete", "text": " ".join(wa[i1:i2])})
-        if op in ("replace", "insert"):
-            out.append({"op": "insert", "text": " ".join(wb[j1:j2])})
+    for op, text in words(a, b):
+        joined = " ".join(text.split())
+        if joined:
+            out.append({"op": op, "text": joined})
     return out
 
 
