@@ -142,6 +142,9 @@ def show_cmd(
         )
         for reason in o.get("reasons", []):
             out.print(f"  - {printable(str(reason))}", highlight=False, markup=False)
+    if data.get("error"):
+        # why it failed or stopped: a model server's words only with --reveal (public_error)
+        out.print(f"{data['status']}: {printable(data['error'])}", highlight=False, markup=False)
     tree_data = data["branches"]
     if tree_data["children"] and depth > 0:
         from rich.tree import Tree  # ~40 ms at import: only when a tree is printed

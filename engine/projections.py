@@ -64,6 +64,16 @@ def _ending_of(j: Journal, run_id: str) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def _error_of(j: Journal, run_id: str) -> str | None:
+    """Why the run failed or stopped, whole (RunEnded's error; `--reveal` only: the public
+    view has it through `public_error`)."""
+    head = j.head(run_id)
+    for stored in j.read(run_id, max(0, head - 4), head):
+        if isinstance(stored.event, ev.RunEnded):
+            return stored.event.error
+    return None
+
+
 def list_runs(
     j: Journal, *, include_branches: bool, limit: int
 ) -> tuple[list[dict[str, Any]], list[UnreadableRun]]:
@@ -199,6 +209,7 @@ def show_run(j: Journal, run_id: str, *, reveal: bool = False) -> dict[str, Any]
             "fork_step": view.fork_step,
             "started": {"policy": view.policy, "agents": view.agents, "rounds": view.rounds},
             "outcome": view.outcome,
+            "error": view.error,
             "lines": public_lines(view),
             "branches": branch_tree(j, info.run_id),
         }
@@ -220,6 +231,7 @@ def show_run(j: Journal, run_id: str, *, reveal: bool = False) -> dict[str, Any]
         "fork_step": summary["fork_step"],
         "started": started,
         "outcome": summary["outcome"],
+        "error": _error_of(j, info.run_id) if summary["status"] != "recording" else None,
         "lines": transcript_lines(j, info.run_id, reveal=reveal),
         "branches": branch_tree(j, info.run_id),
     }

@@ -91,6 +91,8 @@ class PublicRun(msgspec.Struct, frozen=True):
     policy: str = ""  # the policy's name (sim, openai, ...)
     rounds: int = 0
     interventions: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    # why the run failed or stopped, as the public may see it (`public_error`)
+    error: str | None = None
 
 
 def _public_rows(
@@ -141,6 +143,7 @@ def public_view(journal: Journal, run_id: str) -> PublicRun:
     controls: list[dict[str, Any]] = []
     interventions: list[dict[str, Any]] = []
     outcome: dict[str, Any] | None = None
+    error: str | None = None
     verdict: dict[str, Any] | None = None
     fork_step: int | None = None
     # one consistent cut while a writer appends: the status first, then the events up to the
@@ -173,10 +176,11 @@ def public_view(journal: Journal, run_id: str) -> PublicRun:
                 fork_step = e.at
         elif isinstance(e, ev.RunEnded):
             outcome = dict(e.outcome) if e.status == "completed" else None
+            error = public_error(e.error)
         elif isinstance(e, ev.SuspicionDeclared):
             verdict = _verdict(e)
     if status in ("recording", "paused"):
-        outcome = None  # an ancestor's RunEnded is not this branch's outcome
+        outcome = error = None  # an ancestor's RunEnded is not this branch's end
     return PublicRun(
         run_id=info.run_id,
         scenario=str(started.get("scenario", info.scenario)),
@@ -193,6 +197,7 @@ def public_view(journal: Journal, run_id: str) -> PublicRun:
         policy=str(started.get("policy", "")),
         rounds=int(started.get("rounds", 0)),
         interventions=interventions,
+        error=error,
     )
 
 

@@ -3,6 +3,7 @@ the request, or count its tokens, and the mole's request holds its secret instru
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,12 @@ def test_a_server_error_is_public_without_its_words(tmp_path: Path) -> None:
         assert out.stdout.strip() and "context too long" not in out.stdout, args
     revealed = car(journal, "show", run, "--reveal")
     assert "context too long (2300 tokens)" in revealed.stdout
+    # `car show` says why the run failed (it said nothing), in the public words only
+    shown = car(journal, "show", run).stdout
+    assert "failed: LLM server" in shown and "answered HTTP 400 (its message is shown" in shown
+    shown_json = json.loads(car(journal, "show", run, "--json").stdout)
+    assert "HTTP 400" in shown_json["error"] and "context too long" not in shown_json["error"]
+    assert "failed: LLM server" in revealed.stdout
 
 
 def _refuse(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
