@@ -23,8 +23,9 @@ def export_cmd(
         typer.Option(
             "-o",
             "--output",
-            help="Write here instead of stdout (-: stdout). With --branches and an existing "
-            "directory: one file per trace (<run>.otlp.json), as Tempo imports them.",
+            help="Write here instead of stdout (-: stdout). An existing directory: one file "
+            "per trace (<run>.otlp.json; every branch's too with --branches), as Tempo "
+            "imports them.",
         ),
     ] = None,
     branches: Annotated[
