@@ -159,7 +159,8 @@ def proxy(tmp_path: Path, canned: CannedServer) -> Proxy:
             ]
         )  # fmt: skip
         session = Session(recorder=rec, upstream=Upstream(canned.base_url, 30.0))
-        with Proxy(session) as p:
+        # a body that stalls is given up after 2 s here (60 s by default)
+        with Proxy(session, body_timeout=2.0) as p:
             yield p
 
 
@@ -249,3 +250,20 @@ def test_a_message_that_is_not_an_object_is_refused(proxy: Proxy, messages: list
     assert got and got[0][0] == 400, got
     assert "is not a JSON object" in json.loads(got[0][1])["error"]["message"]
     assert proxy.session.calls == 0 and proxy.session.journaled == 0
+
+
+def test_a_body_that_stalls_is_given_up_and_its_thread_freed(proxy: Proxy) -> None:
+    """Headers that announce 100 bytes, then 10 of them and silence: the proxy answers 408
+    once the body timeout passes and closes the connection (the thread waited for as long as
+    the client kept the socket); a request on a new connection is answered meanwhile."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as s:
+        s.sendall(_request(b'{"model": ', "Content-Length: 100"))
+        plain = _request(BODY, f"Content-Length: {len(BODY)}")
+        assert [status for status, _ in _exchange(proxy.port, plain, 1)] == [200]
+        f = s.makefile("rb")
+        status_line = f.readline()
+        assert status_line.split()[1] == b"408", status_line
+        while f.readline() not in (b"\r\n", b""):
+            pass
+        assert b"did not arrive within 2s" in f.read()  # then the proxy closed it
+    assert proxy.session.journaled == 1

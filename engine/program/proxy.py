@@ -69,6 +69,9 @@ from engine.program.upstream import (
 from engine.runtime.recorder import Recorder
 
 MAX_BODY = 64 << 20
+#: seconds a request's body may take to arrive once its headers came: a client that stalls
+#: mid-body would otherwise hold one of the proxy's threads for as long as it keeps the socket
+BODY_TIMEOUT_S = 60.0
 HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
@@ -444,6 +447,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     session: Session
+    body_timeout: float = BODY_TIMEOUT_S
 
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)  # skip the reverse DNS lookup of HTTPServer
@@ -578,7 +582,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._sent = self._streaming = False
         try:
-            raw = self._body()
+            self.connection.settimeout(self.server.body_timeout)
+            try:
+                raw = self._body()
+            except TimeoutError:
+                raise BadBody(
+                    408, f"the request's body did not arrive within {self.server.body_timeout:g}s"
+                ) from None
+            finally:
+                self.connection.settimeout(None)
         except BadBody as e:
             self.close_connection = True
             self._error(e.status, str(e), e.kind)
@@ -816,10 +828,17 @@ class _Handler(BaseHTTPRequestHandler):
 class Proxy:
     """The server of one session, serving from a daemon thread until closed."""
 
-    def __init__(self, session: Session, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        session: Session,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        body_timeout: float = BODY_TIMEOUT_S,
+    ) -> None:
         self.session = session
         self._server = _Server((host, port), _Handler)
         self._server.session = session
+        self._server.body_timeout = body_timeout
         self.port = self._server.server_address[1]
         self.base_url = f"http://{host}:{self.port}/v1"
         self._thread = threading.Thread(
