@@ -13,7 +13,11 @@ const SIGNALS = [
 const S = {
   sid: null, es: null, lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0,
   status: null, controllable: false, suspect: null, verdict: null, stepsEl: new Map(),
-  tools: [], sessionsOffset: 0, saveTimer: null,
+  tools: [], stats: {}, sessionsOffset: 0, saveTimer: null,
+  // gen: bumped whenever another session is opened, so that an answer or a stream of the
+  // previous one is dropped; pending: a control requested and not yet seen in the stream;
+  // busy: a control or an accusation on its way; branch: a branch is never accused
+  gen: 0, pending: null, busy: false, branch: false, badgeKey: null,
 };
 // what the server sent, duplicates included: the browser tests read it
 window.__car = { received: [], shown: [], resumedFrom: null, ends: 0 };
@@ -132,7 +136,10 @@ function saveSoon() {
 function resetView() {
   if (S.es) { S.es.close(); S.es = null; }
   Object.assign(S, { lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0, status: null,
-    controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [] });
+    controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [], stats: {},
+    gen: S.gen + 1, pending: null, busy: false, branch: false, badgeKey: null });
+  // nothing applies until the new session's state is known
+  for (const id of ["btn-pause", "btn-resume", "btn-stop", "btn-analyze", "btn-reveal"]) $(id).disabled = true;
   window.__car.received = []; window.__car.shown = []; window.__car.resumedFrom = null;
   for (const id of ["feed", "badges", "analysis", "reveal", "tool-stats", "outcome", "attribution", "fork-result", "tree", "diff"]) clear($(id));
   $("attribution").append(el("p", { class: "muted" }, "Counterfactual forward runs rank each step by how often re-deciding it rescues the heist."));
@@ -145,6 +152,7 @@ function resetView() {
 async function openSession(sid, opts) {
   opts = opts || {};
   resetView();
+  const gen = S.gen;
   S.sid = sid;
   if (location.hash !== `#session=${sid}`) history.replaceState(null, "", `#session=${sid}`);
   $("empty").hidden = true;
@@ -152,12 +160,12 @@ async function openSession(sid, opts) {
   $("sid").textContent = sid;
   for (const b of document.querySelectorAll(".session-list button")) b.classList.toggle("current", b.dataset.session === sid);
   const r = await api("GET", `/api/sessions/${encodeURIComponent(sid)}`);
+  if (S.gen !== gen) return;
   if (!r.ok) {
-    toast(r.data.error || `cannot open session ${sid}`, true);
+    toast(errorText(r, `cannot open session ${sid}`), true);
     $("session").hidden = true; $("empty").hidden = false;
     return;
   }
-  if (S.sid !== sid) return;
   applyDetail(r.data);
   let cached = null;
   if (opts.resume) {
@@ -176,6 +184,7 @@ function applyDetail(d) {
   S.controllable = !!d.controllable;
   S.agents = d.agents || [];
   S.rounds = d.rounds || 0;
+  S.branch = !!d.parent_run_id;
   setStatus(d.status);
   $("meta").textContent = `policy ${d.policy || "?"} · ${S.agents.length} agents · ${d.rounds ?? "?"} rounds`
     + (d.parent_run_id ? ` · branch of ${d.parent_run_id} at step ${d.fork_step}` : "");
@@ -188,8 +197,9 @@ function connect(sid) {
   const url = `/api/sessions/${encodeURIComponent(sid)}/events?after=${S.lastSeq}`;
   const es = new EventSource(url);
   S.es = es;
+  const gen = S.gen;
   es.onmessage = (m) => {
-    if (S.sid !== sid) return;
+    if (S.es !== es || S.gen !== gen) { es.close(); return; }
     const e = JSON.parse(m.data);
     window.__car.received.push(e.seq);
     handle(e, true);
@@ -197,10 +207,10 @@ function connect(sid) {
   es.addEventListener("end", async () => {
     es.close();
     window.__car.ends += 1;
-    if (S.sid !== sid) return;
+    if (S.gen !== gen) return;
     $("live").hidden = true;
     const r = await api("GET", `/api/sessions/${encodeURIComponent(sid)}`);
-    if (r.ok && S.sid === sid) { applyDetail(r.data); showLab(); }
+    if (r.ok && S.gen === gen) { applyDetail(r.data); showLab(); }
     loadSessions(false);
   });
   es.onerror = () => { /* EventSource reconnects by itself with Last-Event-ID */ };
@@ -218,11 +228,17 @@ function handle(e, live) {
     case "run_started":
       S.agents = e.agents; S.rounds = e.rounds; renderBadges(); setStatus("recording");
       break;
-    case "tool_result":
-      S.tools.push(e); addTool(e); renderStats(); break;
+    case "tool_result": {
+      S.tools.push(e);
+      const s = S.stats[e.agent] || (S.stats[e.agent] = { calls: 0, ok: 0, failed: 0 });
+      s.calls += 1;
+      if (e.success) s.ok += 1; else s.failed += 1;
+      addTool(e); renderStats(); break;
+    }
     case "message":
       addMessage(e); break;
     case "control":
+      if (S.pending === e.action) S.pending = null;
       sysLine(e.seq, { pause: "⏸ paused", resume: "▶ resumed", stop: "⏹ stopped" }[e.action] || e.action);
       setStatus(e.action === "pause" ? "paused" : e.action === "resume" ? "recording" : S.status);
       break;
@@ -267,7 +283,7 @@ function addTool(e) {
   const result = e.success ? (e.output || "") : (e.error || "failed");
   li._tools.append(el("div", { class: "tool " + (e.success ? "ok" : "fail") },
     el("span", { class: "mark" }, e.success ? "✓" : "✗"),
-    el("code", {}, `${e.tool}(${short(e.param, 80)})`),
+    el("code", {}, `${e.tool}(`, el("bdi", {}, short(e.param, 80)), ")"),
     el("details", {}, el("summary", { class: "muted small" }, e.success ? "result" : "error"), el("pre", {}, result))));
 }
 
@@ -287,33 +303,54 @@ function setStatus(status) {
   pill.textContent = status;
   pill.className = `pill ${status}`;
   const live = LIVE.has(status);
+  if (!live) S.pending = null;
   $("live").hidden = status !== "recording";
-  $("btn-pause").disabled = !(S.controllable && status === "recording");
-  $("btn-resume").disabled = !(S.controllable && status === "paused");
-  $("btn-stop").disabled = !(S.controllable && live);
-  // rules and llm read a live run's steps so far; causal and replay need it ended (the
-  // server says so if asked)
-  $("btn-analyze").disabled = !S.sid;
-  $("btn-reveal").disabled = live || !!S.verdict;
+  syncButtons();
   if (!live) $("progress-bar").style.background = status === "completed" ? "var(--ok)" : "var(--bad)";
   else $("progress-bar").style.background = "";
 }
 
+// what each button may do now: a control already requested (double click) or one on its way
+// is not sent twice, a branch or a run still live is not accused, nor one accused already
+function syncButtons() {
+  const status = S.status, live = LIVE.has(status), ctl = S.controllable && !S.busy;
+  const stopping = S.pending === "stop";
+  $("btn-pause").disabled = !(ctl && status === "recording" && !S.pending);
+  $("btn-resume").disabled = !(ctl && status === "paused" && !S.pending);
+  $("btn-stop").disabled = !(ctl && live && !stopping);
+  // rules and llm read a live run's steps so far; causal and replay need it ended (the
+  // server says so if asked)
+  $("btn-analyze").disabled = !S.sid || !status || $("btn-analyze").textContent !== "Analyze behaviour";
+  $("btn-reveal").disabled = !status || live || !!S.verdict || S.busy || S.branch;
+  if (S.branch && !S.verdict) $("suspect-line").textContent = "A branch is not accused: the accusation is its game's.";
+}
+
 // ------------------------------------------------------------------ crew and stats
 
+// the badges are built once per crew and then updated in place: a badge rebuilt on every
+// event would lose the keyboard focus and a click whose press and release straddle an event
 function renderBadges() {
   const box = $("badges");
-  clear(box);
-  const stats = toolStats();
-  for (const a of S.agents) {
-    const st = stats[a];
-    const cls = ["badge"];
-    if (S.suspect === a) cls.push("suspect");
-    if (S.verdict && S.verdict.mole === a) cls.push("mole");
-    box.append(el("button", {
-      type: "button", class: cls.join(" "), dataset: { agent: a }, "aria-pressed": S.suspect === a ? "true" : "false",
-      onclick: () => toggleSuspect(a),
-    }, avatar(a), el("span", {}, a), el("span", { class: "tools" }, st ? `${st.ok}/${st.calls} tools ok` : "no tools yet")));
+  const key = JSON.stringify(S.agents);
+  if (S.badgeKey !== key) {
+    clear(box);
+    S.badgeKey = key;
+    for (const a of S.agents) {
+      const b = el("button", { type: "button", class: "badge", dataset: { agent: a }, onclick: () => toggleSuspect(a) },
+        avatar(a), el("span", {}, a), el("span", { class: "tools" }));
+      b._tools = b.lastChild;
+      box.append(b);
+    }
+  }
+  let i = 0;
+  for (const b of box.children) {
+    const a = S.agents[i++];
+    const st = S.stats[a];
+    b.classList.toggle("suspect", S.suspect === a);
+    b.classList.toggle("mole", !!(S.verdict && S.verdict.mole === a));
+    b.setAttribute("aria-pressed", S.suspect === a ? "true" : "false");
+    const text = st ? `${st.ok}/${st.calls} tools ok` : "no tools yet";
+    if (b._tools.textContent !== text) b._tools.textContent = text;
   }
 }
 
@@ -324,18 +361,8 @@ function toggleSuspect(a) {
   renderBadges();
 }
 
-function toolStats() {
-  const st = {};
-  for (const t of S.tools) {
-    const s = st[t.agent] || (st[t.agent] = { calls: 0, ok: 0, failed: 0 });
-    s.calls += 1;
-    if (t.success) s.ok += 1; else s.failed += 1;
-  }
-  return st;
-}
-
 function renderStats() {
-  const st = toolStats();
+  const st = S.stats;
   const body = $("tool-stats");
   clear(body);
   for (const a of S.agents) {
@@ -350,10 +377,29 @@ function renderStats() {
 
 // ------------------------------------------------------------------ controls
 
+// the error an answer names, else its status: never "undefined"
+function errorText(r, fallback) {
+  const d = r.data;
+  let msg = d && typeof d === "object" && !Array.isArray(d) ? d.error ?? d.detail : null;
+  if (msg !== null && msg !== undefined && typeof msg !== "string") {
+    try { msg = JSON.stringify(msg); } catch (e) { msg = null; }
+  }
+  if (!msg) msg = fallback;
+  return r.status ? `${msg} (HTTP ${r.status})` : msg;
+}
+
 async function control(action) {
+  const gen = S.gen;
+  // pending until the stream shows it (at the next step, maybe before this answer arrives)
+  S.busy = true; S.pending = action; syncButtons();
   const r = await api("POST", `/api/sessions/${encodeURIComponent(S.sid)}/${action}`);
-  if (!r.ok) toast(r.data.error || `${action} failed`, true);
-  else toast(`${action} requested: it takes effect at the next step`);
+  if (S.gen !== gen) return;
+  S.busy = false;
+  if (!r.ok) {
+    if (S.pending === action) S.pending = null;
+    toast(errorText(r, `${action} failed`), true);
+  } else toast(`${action} requested: it takes effect at the next step`);
+  syncButtons();
 }
 
 async function quickStart() {
@@ -367,7 +413,7 @@ async function quickStart() {
   $("quick-start").disabled = true;
   const r = await api("POST", "/api/sessions", body);
   $("quick-start").disabled = false;
-  if (!r.ok) { toast(r.data.error || "could not start a heist", true); return; }
+  if (!r.ok) { toast(errorText(r, "could not start a heist"), true); return; }
   await loadSessions(false);
   openSession(r.data.session_id);
 }
@@ -375,15 +421,15 @@ async function quickStart() {
 // ------------------------------------------------------------------ analysis
 
 async function analyze() {
-  const sid = S.sid;
+  const sid = S.sid, gen = S.gen;
   const btn = $("btn-analyze");
   btn.disabled = true;
   btn.textContent = "Analyzing…";
   const r = await api("POST", "/api/ai-detect/analyze", { session_id: sid, method: $("method").value });
-  btn.disabled = false;
   btn.textContent = "Analyze behaviour";
-  if (S.sid !== sid) return;
-  if (!r.ok) { toast(r.data.error || "analysis failed", true); return; }
+  btn.disabled = !S.sid || !S.status;
+  if (S.gen !== gen) return;
+  if (!r.ok) { toast(errorText(r, "analysis failed"), true); return; }
   renderAnalysis(r.data);
 }
 
@@ -434,8 +480,13 @@ function renderAnalysis(a) {
 // ------------------------------------------------------------------ reveal
 
 async function reveal() {
+  if (S.busy || S.verdict) return;
+  const gen = S.gen;
+  S.busy = true; syncButtons();
   const r = await api("POST", `/api/sessions/${encodeURIComponent(S.sid)}/accuse`, { suspect: S.suspect });
-  if (!r.ok) { toast(r.data.error || "accusation failed", true); return; }
+  if (S.gen !== gen) return;
+  S.busy = false; syncButtons();
+  if (!r.ok) { toast(errorText(r, "accusation failed"), true); return; }
   renderVerdict(r.data);
 }
 
@@ -482,10 +533,12 @@ function showLab() {
 }
 
 async function loadTree() {
+  const gen = S.gen;
   const r = await api("GET", `/api/sessions/${encodeURIComponent(S.sid)}/tree`);
+  if (S.gen !== gen) return;
   const box = $("tree");
   clear(box);
-  if (!r.ok) { box.append(el("p", { class: "muted" }, r.data.error || "no tree")); return; }
+  if (!r.ok) { box.append(el("p", { class: "muted" }, errorText(r, "no tree"))); return; }
   const render = (node, depth) => {
     const label = node.fork_step === null || node.fork_step === undefined ? "root" : `do_${node.op}@${node.fork_step}`;
     const verdict = node.verdict ? el("span", { class: `pill ${node.verdict}` }, node.verdict) : el("span", { class: `pill ${node.status}` }, node.status);
@@ -505,10 +558,12 @@ async function loadTree() {
 }
 
 async function showDiff(branch) {
+  const gen = S.gen;
   const r = await api("GET", `/api/sessions/${encodeURIComponent(branch)}/diff`);
+  if (S.gen !== gen) return;
   const box = $("diff");
   clear(box);
-  if (!r.ok) { toast(r.data.error || "diff failed", true); return; }
+  if (!r.ok) { toast(errorText(r, "diff failed"), true); return; }
   const d = r.data;
   box.append(el("p", {}, el("strong", {}, `Branch ${d.session_id}`), ` vs parent ${d.parent_id}: forked at step ${d.fork_step}, `,
     d.first_diverging_step === null ? "no message differs." : `first diverging step ${d.first_diverging_step} (${d.differing_steps} steps differ).`,
@@ -529,12 +584,12 @@ async function attribute() {
   const btn = $("btn-attribute");
   btn.disabled = true;
   btn.textContent = "Running forward runs…";
-  const sid = S.sid;
+  const sid = S.sid, gen = S.gen;
   const r = await api("POST", `/api/sessions/${encodeURIComponent(sid)}/attribution`, { method: "contrastive" });
   btn.disabled = false;
   btn.textContent = "Attribute failure";
-  if (S.sid !== sid) return;
-  if (!r.ok) { toast(r.data.error || "attribution failed", true); return; }
+  if (S.gen !== gen) return;
+  if (!r.ok) { toast(errorText(r, "attribution failed"), true); return; }
   const d = r.data;
   const box = $("attribution");
   clear(box);
@@ -563,11 +618,17 @@ async function fork(ev) {
   const v = $("fork-value").value;
   if (v.trim() !== "") body.value = v;
   const box = $("fork-result");
+  const submit = $("fork-form").querySelector("button[type=submit]");
+  if (submit.disabled) return;
   clear(box);
   box.append(el("p", { class: "muted" }, `Running ${body.n} branches…`));
+  const gen = S.gen;
+  submit.disabled = true;  // a double click would run every branch twice
   const r = await api("POST", `/api/sessions/${encodeURIComponent(S.sid)}/fork`, body);
+  submit.disabled = false;
+  if (S.gen !== gen) return;
   clear(box);
-  if (!r.ok) { box.append(el("p", { class: "muted" }, "")); toast(r.data.error || "fork failed", true); return; }
+  if (!r.ok) { toast(errorText(r, "fork failed"), true); return; }
   const d = r.data;
   const rate = el("div", { class: "rate", id: "fork-rate" },
     el("strong", {}, `do_${d.op}(${d.at})`), `: bad rate ${fmt3(d.bad_rate)} (${d.bad}/${d.scored} branches), 95% CI [${fmt3(d.ci && d.ci[0])}, ${fmt3(d.ci && d.ci[1])}]`,
