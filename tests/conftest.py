@@ -28,6 +28,17 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def journal_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new journal's target on each store: a SQLite file, then a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "j.db")
+    else:
+        from journal_helpers import fresh_pg_database
+
+        yield fresh_pg_database(request.getfixturevalue("pg_url"), "journal")
+
+
 @pytest.fixture(scope="session")
 def llama_base_url() -> Iterator[str]:
     """OpenAI-compatible base URL (http://127.0.0.1:PORT/v1) of a llama.cpp server with

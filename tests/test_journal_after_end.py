@@ -8,11 +8,10 @@ PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from journal_helpers import car, fresh_pg_database
+from journal_helpers import car
 
 from engine import events as ev
 from engine.errors import RunClosed
@@ -29,12 +28,9 @@ def _accusation() -> ev.SuspicionDeclared:
     return ev.SuspicionDeclared(suspect="intel", verdict="FAILURE", mole="x", strategy="y")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield str(tmp_path / "j.db")
-    else:
-        yield fresh_pg_database(request.getfixturevalue("pg_url"), "after_end")
+@pytest.fixture
+def target(journal_target: str) -> str:
+    return journal_target
 
 
 def _heist(target: str) -> str:

@@ -4,6 +4,7 @@ the request, or count its tokens, and the mole's request holds its secret instru
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,14 @@ from llm_helpers import completion, scripted_server
 
 from engine.journal import Journal
 from engine.public import public_events
+
+
+def _openai_heist(journal: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """A one-round heist (seed 3) of the openai policy against the model server at `url`."""
+    return car(
+        journal, "heist", "--policy", "openai", "--base-url", url, "--model", "m",
+        "--rounds", "1", "--seed", "3", *extra,
+    )  # fmt: skip
 
 
 def _quote_the_prompt(request: dict[str, Any], calls: list[int] = []) -> tuple[int, dict[str, Any]]:  # noqa: B006
@@ -31,10 +40,7 @@ def test_a_server_error_is_public_without_its_words(tmp_path: Path) -> None:
     of it; `car show --reveal` has it whole."""
     journal = tmp_path / "j.db"
     with scripted_server(_quote_the_prompt) as server:
-        res = car(
-            journal, "heist", "--policy", "openai", "--base-url", server.url, "--model", "m",
-            "--rounds", "1", "--seed", "3",
-        )  # fmt: skip
+        res = _openai_heist(journal, server.url)
     assert res.returncode == 1
     assert "HTTP 400" in res.stderr and "context too long" not in res.stderr
     with Journal(journal, create=False) as j:
@@ -72,10 +78,7 @@ def test_a_forks_report_holds_the_status_not_the_servers_words(tmp_path: Path) -
     lines keep the status, not the message; the branch's own journal keeps it whole."""
     journal = tmp_path / "j.db"
     with scripted_server(_answer) as good:
-        res = car(
-            journal, "heist", "--policy", "openai", "--base-url", good.url, "--model", "m",
-            "--rounds", "1", "--seed", "3", "--json",
-        )  # fmt: skip
+        res = _openai_heist(journal, good.url, "--json")
         assert res.returncode == 0, res.stderr
     run = res.stdout.split('"run_id": "')[1].split('"')[0]
     with scripted_server(_refuse) as bad:
@@ -114,10 +117,7 @@ def test_a_reply_that_is_no_completion_is_public_without_its_bytes(tmp_path: Pat
     ("returned a malformed completion"), not the bytes; --reveal has them."""
     journal = tmp_path / "j.db"
     with scripted_server(_echo_the_prompt) as server:
-        res = car(
-            journal, "heist", "--policy", "openai", "--base-url", server.url, "--model", "m",
-            "--rounds", "1", "--seed", "3",
-        )  # fmt: skip
+        res = _openai_heist(journal, server.url)
     assert res.returncode == 1 and "malformed completion" in res.stderr, res.stderr
     assert "You are" not in res.stderr and "received" not in res.stderr, res.stderr
     with Journal(journal, create=False) as j:

@@ -13,23 +13,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from journal_helpers import ROOT, car, fresh_pg_database
+from journal_helpers import ROOT, car
 
 from engine.heist.session import record_heist
 from engine.heist.sim import SimPolicy
 from engine.journal import Journal
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield str(tmp_path / "j.db")
-    else:
-        yield fresh_pg_database(request.getfixturevalue("pg_url"), "verify_live")
+@pytest.fixture
+def target(journal_target: str) -> str:
+    return journal_target
 
 
 def _runs(target: str) -> int:
@@ -60,7 +56,7 @@ def test_verify_while_a_fork_appends_is_ok(target: str) -> None:
             if target.endswith(".db"):
                 res = car(Path(target), "verify")
                 assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout[-2000:]
-        assert fork.poll() is None, "the fork ended before the checks: nothing ran beside them"
+        # the fork wrote between the checks (it may have ended since: that is no matter)
         assert len(set(seen)) > 1, f"no branch was added during the checks: {seen}"
     finally:
         os.killpg(fork.pid, signal.SIGINT)
