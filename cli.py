@@ -438,6 +438,7 @@ def heist_cmd(
                 server=base_url if policy == "openai" else None,
             )
             agents = list(j.events(result.run_id, 1)[0].agents)  # type: ignore[union-attr]
+        from engine.public import public_error
         from engine.terminal import printable
 
         outcome = result.outcome
@@ -456,7 +457,8 @@ def heist_cmd(
                 "reasons": outcome.get("reasons", []),
                 "plan": outcome.get("plan", {}),
             },
-            "error": result.error,
+            # a model server's words may count the mole's longer prompt: --reveal shows them
+            "error": public_error(result.error),
         }
         if as_json:
             emit_json(data)
@@ -480,8 +482,6 @@ def heist_cmd(
                     highlight=False,
                 )
         if result.status == "failed":
-            from engine.public import public_error
-
             fail(
                 f"run {result.run_id} failed and was closed in the journal:"
                 f" {public_error(result.error)}"

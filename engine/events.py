@@ -99,6 +99,9 @@ class LlmCall(Event, frozen=True, tag="llm_call"):
     system_fingerprint: str | None = None
     latency_ms: float = 0.0
     server: str | None = None
+    #: the oldest history messages the answered request left out (decision 54): `request` is
+    #: what was sent, the rendered messages without them
+    dropped: int = 0
 
 
 class ToolCall(Event, frozen=True, tag="tool_call"):
@@ -212,6 +215,7 @@ STORED_FIELDS: dict[str, tuple[str, ...]] = {
         "latency_ms",
         "server",
         "step",
+        "dropped",
     ),
     "tool_call": ("agent", "tool", "param", "step"),
     "tool_result": ("agent", "tool", "param", "ok", "output", "error", "step"),

@@ -17,7 +17,7 @@ import msgspec
 from engine import events as ev
 from engine.errors import InterventionError, ReplayDivergence
 from engine.journal import Journal
-from engine.policies.base import AgentView, Policy
+from engine.policies.base import AgentView, Policy, history_length, trim_history
 from engine.policies.registry import make_policy
 from engine.runtime.episode import FORCED_MODEL
 from engine.scenario import SteppedScenario, stepped_for
@@ -47,8 +47,18 @@ def recorded_steps(journal: Journal, run_id: str) -> Iterator[RecordedStep]:
 def _view_and_messages(
     scenario: SteppedScenario, step: RecordedStep, run_id: str
 ) -> tuple[AgentView, list[dict[str, str]]]:
+    """The acting agent's view and the request it was sent, rebuilt from s_k: the rendered
+    messages without the oldest ones the recorded call says were left out (`trim_history`)."""
     view = scenario.view(step.state, run_id)
-    return view, scenario.messages(view)
+    messages = scenario.messages(view)
+    if step.call.dropped:
+        if step.call.dropped > history_length(messages):
+            raise ReplayDivergence(
+                f"run {run_id!r} step {step.step}: the recorded call left out"
+                f" {step.call.dropped} messages of a history of {history_length(messages)}"
+            )
+        messages = trim_history(messages, step.call.dropped)
+    return view, messages
 
 
 class RequestCheck(msgspec.Struct, frozen=True):

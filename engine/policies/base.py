@@ -57,6 +57,24 @@ class Completion(msgspec.Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     system_fingerprint: str | None = None
+    #: the oldest messages of the history left out of the request that was answered
+    #: (`trim_history`): a model server refused the whole as longer than its context
+    dropped: int = 0
+
+
+def trim_history(messages: list[dict[str, str]], dropped: int) -> list[dict[str, str]]:
+    """`messages` without the `dropped` oldest of its history: the first message (the system
+    prompt) and the last (the turn's prompt) always stay, so at most len - 2 can go."""
+    if dropped <= 0:
+        return messages
+    if dropped > len(messages) - 2:
+        raise ValueError(f"cannot leave out {dropped} of {len(messages)} messages")
+    return [messages[0], *messages[1 + dropped :]]
+
+
+def history_length(messages: list[dict[str, str]]) -> int:
+    """How many messages `trim_history` may leave out of `messages`."""
+    return max(0, len(messages) - 2)
 
 
 class PolicyCancelled(PolicyError):

@@ -22,6 +22,7 @@ import contextlib
 import http.client
 import math
 import os
+import re
 import socket
 import ssl
 import threading
@@ -32,7 +33,13 @@ from typing import Annotated, Any
 import msgspec
 
 from engine.errors import ConfigError, PolicyError
-from engine.policies.base import AgentView, Completion, PolicyCancelled
+from engine.policies.base import (
+    AgentView,
+    Completion,
+    PolicyCancelled,
+    history_length,
+    trim_history,
+)
 from engine.policies.bounded_reply import (
     ReplyFault,
     ReplyTooLarge,
@@ -87,7 +94,27 @@ class _ErrorBody(msgspec.Struct):
     message: Any = None
 
 
+class _ErrorDetail(msgspec.Struct):
+    code: Any = None
+    type: Any = None
+    message: Any = None
+
+
+class _OverflowBody(msgspec.Struct):
+    error: _ErrorDetail | str | None = None
+    message: Any = None
+
+
 _reply_decoder = msgspec.json.Decoder(_Reply)
+_overflow_decoder = msgspec.json.Decoder(_OverflowBody)
+#: how servers name a request longer than their context (OpenAI, llama-cpp-python and vLLM
+#: "context_length_exceeded" / "maximum context length", llama.cpp's server
+#: "exceed_context_size_error" / "exceeds the available context size", LM Studio "context
+#: length", "context window")
+_OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+_OVERFLOW_WORDS = re.compile(
+    r"context (length|size|window)|maximum context|too many tokens|prompt is too long", re.I
+)
 _error_decoder = msgspec.json.Decoder(_ErrorBody)
 
 
@@ -98,6 +125,10 @@ class _Fault(Exception):
         super().__init__(message)
         self.retry = retry
         self.retry_after = retry_after
+
+
+class _TooLong(_Fault):
+    """The server refused the request as longer than its context."""
 
 
 class OpenAIPolicy:
@@ -166,6 +197,31 @@ class OpenAIPolicy:
             _shutdown(s)
 
     def decide(self, view: AgentView, messages: list[dict[str, str]], seed: int) -> Completion:
+        """One completion within `timeout`. A server that refuses the request as longer than
+        its context is sent the history without its oldest messages, a quarter of what is left
+        at a time, until it answers (`Completion.dropped` says how many were left out; the
+        system prompt and the turn's prompt always stay). Which agents' requests overflow is
+        not for the public to see: the mole's is the longest, and a run failing at its turn
+        would name it (decision 54)."""
+        deadline = time.monotonic() + self.timeout
+        room = history_length(messages)
+        dropped = 0
+        while True:
+            try:
+                completion = self._complete(trim_history(messages, dropped), seed, deadline)
+            except _TooLong as e:
+                if dropped >= room:
+                    raise PolicyError(
+                        f"LLM server {self.base_url!r} refused the request as longer than its"
+                        f" context even without its {room} history messages: {e}"
+                    ) from None
+                dropped += max(1, (room - dropped + 3) // 4)
+                continue
+            return msgspec.structs.replace(completion, dropped=dropped) if dropped else completion
+
+    def _complete(self, messages: list[dict[str, str]], seed: int, deadline: float) -> Completion:
+        """One request, retried on what may pass (a dropped connection, 429, 5xx) until
+        `deadline`; _TooLong when the server says it does not fit its context."""
         body = msgspec.json.encode(
             {
                 "model": self.model,
@@ -176,13 +232,14 @@ class OpenAIPolicy:
                 "stream": False,
             }
         )
-        deadline = time.monotonic() + self.timeout
         attempts = 0
         while True:
             attempts += 1
             try:
                 status, raw = self._attempt(body, deadline)
                 return self._completion(status, raw)
+            except _TooLong:
+                raise
             except _Fault as fault:
                 last = fault
             if self._cancelled.is_set():
@@ -286,6 +343,8 @@ class OpenAIPolicy:
         retry_after = _retry_after(resp.getheader("Retry-After"))
         if status != 200:
             message = f"answered HTTP {status}: {error_text(out)}"
+            if status in (400, 413) and is_overflow(out):
+                raise _TooLong(message, retry=False)
             retry = status in _RETRY_STATUSES or status >= 500
             raise _Fault(message, retry=retry, retry_after=retry_after)
         return status, out
@@ -397,6 +456,23 @@ def error_text(raw: bytes) -> str:
     if isinstance(body.message, str):
         return _clip(body.message)
     return _clip(raw.decode("utf-8", errors="replace"))
+
+
+def is_overflow(raw: bytes) -> bool:
+    """Whether an error reply says the request does not fit the server's context: its
+    `error.code` or `error.type`, else the words of its message."""
+    try:
+        body = _overflow_decoder.decode(raw)
+    except msgspec.MsgspecError:
+        return bool(_OVERFLOW_WORDS.search(raw[:4096].decode("utf-8", errors="replace")))
+    err = body.error
+    if isinstance(err, _ErrorDetail):
+        if err.code in _OVERFLOW_CODES or err.type in _OVERFLOW_CODES:
+            return True
+        text = err.message
+    else:
+        text = err if isinstance(err, str) else body.message
+    return isinstance(text, str) and bool(_OVERFLOW_WORDS.search(text[:4096]))
 
 
 def _received(raw: bytes) -> str:

@@ -14,7 +14,15 @@ from typing import Any
 from engine import events as ev
 from engine.errors import PolicyError, interrupt_behind
 from engine.logging import bind, get_logger, unbind
-from engine.policies.base import AgentView, ChatLine, Completion, Policy, PolicyCancelled
+from engine.policies.base import (
+    AgentView,
+    ChatLine,
+    Completion,
+    Policy,
+    PolicyCancelled,
+    history_length,
+    trim_history,
+)
 from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
 from engine.runtime.recorder import Recorder
@@ -117,6 +125,11 @@ def _loop(
         else:
             try:
                 completion = active.decide(view, messages, seed)
+                if not 0 <= completion.dropped <= history_length(messages):
+                    raise PolicyError(
+                        f"policy {active.name!r} says it left out {completion.dropped} of the"
+                        f" {history_length(messages)} history messages it was given"
+                    )
             except PolicyCancelled as e:
                 # an aborted call is no step: the run stops where the last whole step ended
                 if control is None or _handle_control(recorder, control) != "stop":
@@ -246,7 +259,9 @@ def _llm_call(
     return ev.LlmCall(
         step=view.step,
         agent=view.agent,
-        request=messages,
+        # what was sent: a server that refused the whole as too long for its context was
+        # sent the history without its oldest messages (the policy says how many)
+        request=trim_history(messages, completion.dropped),
         seed=seed,
         model=completion.model,
         response=completion.text,
@@ -256,6 +271,7 @@ def _llm_call(
         system_fingerprint=completion.system_fingerprint,
         latency_ms=round(latency_ms, 3),
         server=server,
+        dropped=completion.dropped,
     )
 
 
