@@ -148,6 +148,9 @@ class StepMatch(msgspec.Struct, frozen=True):
     new_fingerprint: str | None
     #: the spec of the policy that decided this step (a do_policy branch swapped it)
     policy: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: history messages the re-executed call left out beyond the recorded request: the
+    #: server refused what was sent as longer than its context (a smaller one than then)
+    dropped: int = 0
 
 
 class FidelityReport(msgspec.Struct, frozen=True):
@@ -226,6 +229,7 @@ def fidelity(
             recorded_fingerprint=step.call.system_fingerprint,
             new_fingerprint=new.system_fingerprint,
             policy=step_spec,
+            dropped=new.dropped,
         )
 
     matches: list[StepMatch | None] = [None] * len(todo)
@@ -329,6 +333,11 @@ def _report(
 
 
 def _explain(m: StepMatch, spec: dict[str, Any]) -> str:
+    if m.dropped:
+        return (
+            f"the server refused the recorded request as longer than its context: it was sent"
+            f" without {m.dropped} more of its oldest history messages"
+        )
     if m.recorded_model != m.new_model:
         return f"model changed: {m.recorded_model!r} -> {m.new_model!r}"
     if m.recorded_fingerprint != m.new_fingerprint:

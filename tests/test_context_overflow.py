@@ -240,3 +240,24 @@ def test_a_policy_that_says_it_left_out_more_than_it_was_given_fails_the_step(
         assert result.status == "failed" and result.steps == 4
         assert "left out 99 of the 4 history messages" in (result.error or "")
         assert j.status(result.run_id) == "failed" and j.verify().ok
+
+
+def test_fidelity_says_when_the_server_left_out_more_than_was_recorded() -> None:
+    """A replay against a server with a smaller context than when recorded is sent less than
+    was recorded: its divergence says so rather than blaming the model."""
+    from engine.replay import StepMatch, _report
+
+    common = dict(
+        agent="hacker", exact=False, normalised=False, recorded="a", new="b",
+        recorded_model="m", new_model="m", recorded_fingerprint=None, new_fingerprint=None,
+    )  # fmt: skip
+    report = _report(
+        "r",
+        {"name": "openai"},
+        2,
+        0,
+        [StepMatch(step=0, dropped=3, **common), StepMatch(step=1, **common)],  # type: ignore[arg-type]
+    )
+    first, second = (d["provenance"]["explanation"] for d in report.divergences)
+    assert "without 3 more of its oldest history messages" in first
+    assert "nondeterminism" in second
