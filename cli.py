@@ -25,6 +25,7 @@ import typer
 from engine import projections as views
 from engine.commands import coerce, lazy
 from engine.commands.common import (
+    EXIT_PIPE_CLOSED,
     JsonOpt,
     emit_json,
     fail,
@@ -500,6 +501,12 @@ def heist_cmd(
 lazy.defer(app)
 
 
+def _output_closed() -> bool:
+    """Whether the CLI framework met a closed pipe on stdout (it then wraps the streams so that
+    the final flush is quiet, and exits 1)."""
+    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+
+
 def leave(code: int) -> None:
     """End a command that ran to its end: its output flushed and the exit hooks run, then out
     at once, without the interpreter's teardown (freeing every module and object: 6-48 ms of
@@ -521,7 +528,7 @@ def leave(code: int) -> None:
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe (`car runs | head`) or stream
-            code = code or 120  # what the interpreter exits with when its final flush fails
+            code = code or EXIT_PIPE_CLOSED
     os._exit(code)
 
 
@@ -554,6 +561,10 @@ def main() -> None:
             fail(e.format_message() + hint, code=2)
         except click_exc.ClickException as e:
             fail(e.format_message())
+        except SystemExit as e:
+            if e.code == EXIT_PIPE_CLOSED or _output_closed():
+                leave(EXIT_PIPE_CLOSED)
+            raise
         except typer.Abort:
             hard_exit("interrupted")
         except EngineError as e:

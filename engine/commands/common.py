@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -13,6 +14,11 @@ from engine.journal import Journal, default_journal_url
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+
+#: the exit status of a command whose reader closed its output early (`car export RUN | head`):
+#: what a process that the pipe's SIGPIPE ended gets, 128 + 13 (docs/decisions.md, 56)
+EXIT_PIPE_CLOSED = 141
 
 
 class _LazyConsole:
@@ -28,7 +34,17 @@ class _LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(**self._options)
+            class _Console(Console):
+                def on_broken_pipe(self) -> None:
+                    # its reader went away (`car show RUN | head`): nothing more to write,
+                    # and the exit status every command gives then (rich's own: 1)
+                    self.quiet = True
+                    with contextlib.suppress(OSError, ValueError):
+                        devnull = os.open(os.devnull, os.O_WRONLY)
+                        os.dup2(devnull, self.file.fileno())
+                    raise SystemExit(EXIT_PIPE_CLOSED)
+
+            self._console = _Console(**self._options)
         return self._console
 
     def __getattr__(self, name: str) -> Any:
