@@ -50,8 +50,13 @@ def run_summary(
 
 
 def _outcome_of(j: Journal, run_id: str) -> dict[str, Any] | None:
+    """The outcome the run ended with, as the public view gives it: None while it runs, and
+    when it stopped or failed without one (a heist's); a recorded program's failed run has
+    one (its exit status)."""
     ended = _ending_of(j, run_id)
-    return None if ended is None else ended[1]
+    if ended is None or (ended[0] != "completed" and not ended[1]):
+        return None
+    return ended[1]
 
 
 def _ending_of(j: Journal, run_id: str) -> tuple[str, dict[str, Any]] | None:

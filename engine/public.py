@@ -175,7 +175,7 @@ def public_view(journal: Journal, run_id: str) -> PublicRun:
             if info.fork_seq is not None and stored.seq == info.fork_seq:
                 fork_step = e.at
         elif isinstance(e, ev.RunEnded):
-            outcome = dict(e.outcome) if e.status == "completed" else None
+            outcome = dict(e.outcome) if e.status == "completed" or e.outcome else None
             error = public_error(e.error)
         elif isinstance(e, ev.SuspicionDeclared):
             verdict = _verdict(e)
@@ -242,7 +242,7 @@ def public_events(
             data = {
                 "kind": "run_ended",
                 "status": e.status,
-                "outcome": dict(e.outcome) if e.status == "completed" else None,
+                "outcome": dict(e.outcome) if e.status == "completed" or e.outcome else None,
                 "error": public_error(e.error),
             }
         elif isinstance(e, ev.SuspicionDeclared):

@@ -423,69 +423,6 @@ def test_leave_with_output_that_cannot_be_flushed_exits_as_a_closed_pipe_does() 
     assert "Traceback" not in res.stderr
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["show", "{run}"],  # rich
-        ["show", "{run}", "--json"],  # JSON through the CLI framework's echo
-        ["runs"],
-        ["export", "{run}"],
-        ["state", "{run}", "--at", "3"],
-        ["diff", "{run}", "{run}"],
-    ],
-)
-def test_a_reader_that_went_away_ends_every_command_alike(args: list[str], tmp_path: Path) -> None:
-    """Output into a pipe whose reader has gone (`car show RUN | head`): one exit status for
-    every command and output path, 141 as a process ended by SIGPIPE gets, and not a word
-    (they were 1 from rich or the CLI framework, 120 from a failed final flush)."""
-    import os
-
-    from engine.heist.session import record_heist
-    from engine.heist.sim import SimPolicy
-    from engine.journal import Journal
-
-    journal = tmp_path / "j.db"
-    with Journal(journal) as j:
-        run = record_heist(j, SimPolicy(), seed=7, rounds=1).run_id
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        res = subprocess.run(
-            [sys.executable, "-m", "cli", "--journal", str(journal),
-             *(a.format(run=run) for a in args)],
-            stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120,
-        )  # fmt: skip
-    finally:
-        os.close(write)
-    assert res.returncode == 141, res.stderr
-    assert res.stderr == ""
-
-
-def test_a_heist_whose_reader_went_away_is_closed_as_stopped(tmp_path: Path) -> None:
-    """`car heist | head` with the reader gone before the first line: the run is closed
-    `stopped` in the journal at once (not left recording, not played on unseen) and the
-    command exits 141."""
-    import os
-
-    from engine.journal import Journal
-
-    journal = tmp_path / "j.db"
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        res = subprocess.run(
-            [sys.executable, "-m", "cli", "--journal", str(journal), "heist", "--seed", "7"],
-            stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120,
-        )  # fmt: skip
-    finally:
-        os.close(write)
-    assert res.returncode == 141, res.stderr
-    with Journal(journal) as j:
-        (run,) = j.runs()
-        assert j.status(run.run_id) == "stopped"
-        assert j.verify().ok
-
-
 def test_a_ctrl_c_while_the_exit_hooks_run_changes_nothing() -> None:
     """The command is over when `leave` runs: a SIGINT during its exit hooks neither breaks
     into them (no traceback, every hook runs to its end) nor changes the exit status."""
