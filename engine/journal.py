@@ -317,6 +317,8 @@ class Journal:
         self._clock = clock or _utc_now
         self._wall = wall
         self._lock = threading.RLock()
+        #: a write transaction begun by `_write` for the `_tx` it is about to enter
+        self._begun = False
         self._lineage_cache: dict[str, list[Segment]] = {}
         # snapshots (run id, seq, fold version) read and found to decode to their seq's state
         self._sound_snapshots: set[tuple[str, int, int]] = set()
@@ -548,15 +550,18 @@ class Journal:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Any]:
-        """One write transaction on the writer connection (BEGIN IMMEDIATE on SQLite)."""
-        with self._lock:
+        """One write transaction on the writer connection (BEGIN IMMEDIATE on SQLite, begun
+        by `_hold_for_write` or here)."""
+        begun = self._hold_for_write()
+        try:
             cur = self._conn.cursor()
             self._in_tx = True
             try:
-                if self.parallel_writers:
-                    self._poll_write_lock(cur)
-                elif self.is_sqlite:
-                    cur.execute("BEGIN IMMEDIATE")
+                if self.is_sqlite and not begun:
+                    if self.parallel_writers:
+                        self._poll_write_lock(cur)
+                    else:
+                        cur.execute("BEGIN IMMEDIATE")
                 yield cur
                 if self.is_sqlite:
                     cur.execute("COMMIT")
@@ -576,6 +581,63 @@ class Journal:
             finally:
                 self._in_tx = False
                 cur.close()
+        finally:
+            self._lock.release()
+
+    def _hold_for_write(self) -> bool:
+        """Take this journal's thread lock for a write transaction; whether the transaction
+        was begun too (by an enclosing `_write`, or here).
+
+        On SQLite the wait for the database's write lock, which another process may hold up
+        to the busy timeout, is made with the thread lock let go between tries (every 50 us
+        to 1 ms): this journal's readers in other threads (the server's requests) read on
+        meanwhile instead of waiting for the other process as well. A thread that holds the
+        thread lock already cannot let it go: it begins under it, as before (`_tx`)."""
+        if self._begun:
+            # `_write` began the transaction, holding the lock it now takes once more
+            self._lock.acquire()
+            self._begun = False
+            return True
+        if not self.is_sqlite or self._lock._is_owned():  # type: ignore[attr-defined]
+            self._lock.acquire()
+            return False
+        delay = 0.00005
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            self._lock.acquire()
+            try:
+                busy = self._try_begin()
+            except BaseException as e:
+                self._lock.release()
+                if isinstance(e, self._db_errors):
+                    raise self._driver_failure(e, "write to") from e
+                raise
+            if busy is None:
+                return True
+            self._lock.release()
+            if time.monotonic() >= deadline:
+                raise self._driver_failure(busy, "write to") from busy
+            time.sleep(delay)
+            delay = min(delay * 2, 0.001)
+
+    def _try_begin(self) -> sqlite3.OperationalError | None:
+        """BEGIN IMMEDIATE without waiting; the SQLITE_BUSY error when another connection
+        holds the write lock (any other error is raised), None once begun."""
+        cur = self._conn.cursor()
+        try:
+            cur.execute("PRAGMA busy_timeout=0")
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as e:
+                # SQLITE_BUSY, or one of its extended codes (BUSY_RECOVERY, ...)
+                if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                    raise
+                return e
+            finally:
+                cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            return None
+        finally:
+            cur.close()
 
     def _poll_write_lock(self, cur: Any) -> None:
         """BEGIN IMMEDIATE for a SQLite writer among others (`parallel_writers`): it polls for
@@ -1185,8 +1247,22 @@ class Journal:
         """The append's transaction (`opening(cur)` first in it: a new run's row), and what
         this writer learns from it once it commits; the new head."""
         # the transaction and what this writer learns from it, one thread at a time: what a
-        # transaction leaves pending (texts, the texts' base) is another thread's otherwise
-        with self._lock:
+        # transaction leaves pending (texts, the texts' base) is another thread's otherwise.
+        # The lock is taken with the transaction begun (`_hold_for_write`: waiting for another
+        # process's write lock, it lets this journal's readers in)
+
+        def forget() -> None:
+            # the writer's memory may name events of this step, which were not written
+            self._compactors.pop(run_id, None)
+            self._plains.pop(run_id, None)
+            self._text_base_pending = None
+
+        try:
+            self._begun = self._hold_for_write()
+        except BaseException:
+            forget()
+            raise
+        try:
             self._pending_texts = {}
             try:
                 with self._tx() as cur:
@@ -1199,10 +1275,7 @@ class Journal:
                     if any(isinstance(e, ev.RunEnded) for e in events):
                         self._release_lease(cur, run_id)
             except BaseException:
-                # the writer's memory may name events of this step, which were not written
-                self._compactors.pop(run_id, None)
-                self._plains.pop(run_id, None)
-                self._text_base_pending = None
+                forget()
                 raise
             finally:
                 pending, self._pending_texts = self._pending_texts, {}
@@ -1214,6 +1287,12 @@ class Journal:
             first, plains = self._plains.pop(run_id, (0, []))
             for i, plain in enumerate(plains):
                 self._unpacker.remember(run_id, first + i, plain)
+        finally:
+            if self._begun:  # begun, but never reached its `_tx`
+                self._begun = False
+                with contextlib.suppress(Exception):
+                    self._conn.execute("ROLLBACK")
+            self._lock.release()
         return head
 
     def _append(

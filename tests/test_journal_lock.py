@@ -83,3 +83,55 @@ def test_a_parallel_writer_gives_up_at_the_deadline(
         assert _busy_timeout(j) == 300
         assert j.append(run, _say(1), head) == 2
         assert verify_journal(j).ok
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("write", ["append", "create_run"])
+def test_readers_read_on_while_a_writer_waits_for_another_process(
+    tmp_path: Path, parallel: bool, write: str
+) -> None:
+    """Another process holds the database's write lock (a real one, in a process of its
+    own); a thread of this journal waits for it to append. The journal's other threads (the
+    server's requests) still read meanwhile: the wait lets the journal's thread lock go
+    between tries (it held it for up to the 30 s busy timeout, and every read waited too)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run, head = _one_step(j, parallel)
+        other = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
+             " c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.readline();"
+             " c.execute('ROLLBACK')", str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert other.stdout is not None and other.stdin is not None
+        assert other.stdout.readline() == "held\n"
+        done: list[object] = []
+
+        def writer() -> None:
+            if write == "append":
+                done.append(j.append(run, _say(1), head))
+            else:
+                done.append(j.create_run("test", label="second"))
+
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            time.sleep(0.3)  # the writer is waiting for the other process by now
+            t0 = time.monotonic()
+            assert run in {r.run_id for r in j.runs()}
+            assert [e.text for e in j.events(run)] == ["line 0"]  # type: ignore[attr-defined]
+            assert j.status(run) == "recording"
+            took = time.monotonic() - t0
+            assert t.is_alive() and not done  # still waiting, and the reads were answered
+            assert took < 2.0
+        finally:
+            other.stdin.write("\n")
+            other.stdin.flush()
+            other.wait(timeout=30)
+        t.join(timeout=30)
+        assert done and not t.is_alive()
+        assert verify_journal(j).ok

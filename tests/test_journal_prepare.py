@@ -15,6 +15,7 @@ import pytest
 from journal_helpers import StillClock, stored_rows
 
 from engine import events as ev
+from engine import journal as journal_module
 from engine.errors import JournalError
 from engine.heist.session import record_heist
 from engine.interventions import DoResample, parent_info, run_branch
@@ -119,7 +120,9 @@ def test_the_fork_cache_is_keyed_by_the_parents_head(tmp_path: Path) -> None:
     assert _intact(path)
 
 
-def test_a_step_whose_transaction_never_began_is_written_again_whole(tmp_path: Path) -> None:
+def test_a_step_whose_transaction_never_began_is_written_again_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A step is prepared (hashed, compacted) and then its BEGIN IMMEDIATE fails because
     another connection holds the write lock: the writer forgets what preparing it learnt, so
     the same step appended again once the lock is free is stored as a cold writer stores it
@@ -129,7 +132,7 @@ def test_a_step_whose_transaction_never_began_is_written_again_whole(tmp_path: P
     with Journal(path) as j:
         run = j.create_run("locked")
         head = j.append(run, [ev.ChatMessage(step=0, agent="a", text="first words of the run")], 0)
-        j._conn.execute("PRAGMA busy_timeout=50")
+        monkeypatch.setattr(journal_module, "BUSY_TIMEOUT_S", 0.05)
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         step = [
