@@ -37,12 +37,17 @@ class Server:
 
 @contextlib.contextmanager
 def car_serve(
-    journal: Path, *args: str, env: dict[str, str] | None = None, default_port: bool = False
+    journal: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    default_port: bool = False,
+    port: int = 0,
 ) -> Iterator[Server]:
-    """Start `car --journal J serve --port 0 ARGS` (no --port: the default 8008) and yield it
-    once it listens; stop it with SIGINT (a graceful shutdown) and fail if it does not exit."""
-    port = [] if default_port else ["--port", "0"]
-    cmd = [*CAR, "--journal", str(journal), "serve", *port, *args]
+    """Start `car --journal J serve --port PORT ARGS` (PORT 0: any free one; no --port: the
+    default 8008) and yield it once it listens; stop it with SIGINT (a graceful shutdown) and
+    fail if it does not exit."""
+    port_args = [] if default_port else ["--port", str(port)]
+    cmd = [*CAR, "--journal", str(journal), "serve", *port_args, *args]
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,

@@ -1,6 +1,7 @@
 """The dashboard as a demanding user and an attacker would use it, in a real Chromium against a
 real `car serve`: double clicks, keyboard focus during a live heist, switching sessions while
-answers are still on their way, a branch (never accused), an error quoting a very long word.
+answers are still on their way, a branch (never accused), an error quoting a very long word,
+a live stream whose server goes away or is busy, a sessions list refreshed while unfolded.
 
 CAR_OLD_STATIC=DIR serves the page's app.js/app.css from DIR instead (to check that a test fails
 on an older page: `git show HEAD:engine/server/static/app.js > DIR/app.js`)."""
@@ -8,12 +9,16 @@ on an older page: `git show HEAD:engine/server/static/app.js > DIR/app.js`)."""
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from playwright.sync_api import Browser, Page, Route
-from server_helpers import Server, finished_heist, start, wait_status
-from test_server_browser import NARROW, browser, server  # noqa: F401 (fixtures)
+from server_helpers import ARTIFACTS, Server, car_serve, finished_heist, start, wait_status
+from servers import free_port
+from test_server_browser import NARROW, browser, chromium_path, server  # noqa: F401 (fixtures)
 from test_server_browser import new_page as _new_page
 
 T = 30_000  # generous Playwright waits (ms)
@@ -211,3 +216,173 @@ def test_no_secret_before_the_reveal(browser: Browser, server: Server) -> None: 
         assert word not in html, word
     assert page.locator(".badge.mole").count() == 0
     assert not any("mole" in line.lower() for line in logs), logs
+
+
+# ---------------------------------------------------------------- the live stream's failures
+
+#: a name that is not this machine's for the server's Host check, resolved to 127.0.0.1 by the
+#: browser of the tests below (a proxy's name, as `car serve --allow-host` is meant for)
+PROXY_NAME = "car-proxy.test"
+
+
+@pytest.fixture(scope="module")
+def proxied_browser(browser: Browser) -> Iterator[Browser]:  # noqa: F811
+    """A second Chromium that resolves PROXY_NAME to 127.0.0.1."""
+    b = browser.browser_type.launch(
+        executable_path=chromium_path(),
+        args=["--no-sandbox", f"--host-resolver-rules=MAP {PROXY_NAME} 127.0.0.1"],
+    )
+    yield b
+    b.close()
+
+
+def stream_answers(page: Page, sid: str) -> list[tuple[float, int]]:
+    """(when, HTTP status) of each answer to the page's requests for the session's stream."""
+    seen: list[tuple[float, int]] = []
+    path = f"/api/sessions/{sid}/events"
+    page.on(
+        "response",
+        lambda r: seen.append((time.monotonic(), r.status)) if path in r.url else None,
+    )
+    return seen
+
+
+def pump_until(page: Page, cond: Any, timeout: float, what: str) -> None:
+    """Wait for a condition that Playwright's own events make true (they run only while it
+    waits)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        page.wait_for_timeout(100)
+
+
+@pytest.mark.parametrize("refusal", [404, 403])
+def test_live_view_says_why_it_stopped(
+    proxied_browser: Browser, tmp_path: Path, refusal: int
+) -> None:
+    """The server streaming a live heist is replaced, on the same port, by one that answers the
+    page's reconnect with 404 (another journal: the session is unknown there) or 403 (the same
+    journal, but no longer answering the proxy's name the page was opened with). The live dot
+    stayed on and nothing was said; now the dot goes off, a note says that the live view stopped
+    and names the status, and no further request is made."""
+    port = free_port()
+    first = tmp_path / "first.db"
+    allow = ["--allow-host", PROXY_NAME]
+    page = new_page(proxied_browser)
+    with car_serve(first, *allow, "--workers", "0", port=port) as a:
+        with a.client() as c:
+            sid = start(c, rounds=40, step_delay=0.2)
+        answers = stream_answers(page, sid)
+        page.goto(f"http://{PROXY_NAME}:{port}/#session={sid}")
+        page.wait_for_function("() => window.__car.shown.length > 3", timeout=T)
+        page.wait_for_selector("#live:visible", timeout=T)
+        assert page.locator("#stream-note:visible").count() == 0
+    # the server stopped (its heist with it) while the page was streaming
+    second, again = (first, []) if refusal == 403 else (tmp_path / "second.db", allow)
+    with car_serve(second, *again, "--workers", "0", port=port):
+        pump_until(page, lambda: any(s == refusal for _, s in answers), 90, f"a {refusal}")
+        page.wait_for_selector("#live", state="hidden", timeout=5_000)
+        note = page.locator("#stream-note")
+        note.wait_for(state="visible", timeout=5_000)
+        text = note.inner_text()
+        assert "stopped" in text and f"HTTP {refusal}" in text, text
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-stream-{refusal}.png"))
+        tries = len(answers)
+        page.wait_for_timeout(4_000)
+        assert len(answers) == tries, answers  # a refusal is not asked again
+        assert answers[-1][1] == refusal, answers
+    assert not page.errors  # type: ignore[attr-defined]
+
+
+def test_live_view_waits_when_the_server_is_busy(browser: Browser, server: Server) -> None:  # noqa: F811
+    """The stream's request is answered 429 with Retry-After: 2, then 503 without it (the
+    server's own events route answers neither today, so they are put in the browser's network
+    path), then by the server. The old page gave up at the first, its dot on, saying nothing.
+    Now the dot is off while the note names each status and that it retries; the tries are
+    spaced as told (2 s), then by a back-off, and the third one resumes the live view."""
+    with server.client() as c:
+        sid = start(c, rounds=40, step_delay=0.2)
+    page = new_page(browser)
+    tries: list[float] = []
+
+    def answer(route: Route) -> None:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            route.fulfill(
+                status=429,
+                headers={"Retry-After": "2"},
+                content_type="application/json",
+                body='{"error": "busy"}',
+            )
+        elif len(tries) == 2:
+            route.fulfill(status=503, content_type="application/json", body='{"error": "down"}')
+        else:
+            route.continue_()
+
+    try:
+        page.route(f"**/api/sessions/{sid}/events*", answer)
+        page.goto(f"{server.url}/#session={sid}")
+        note = page.locator("#stream-note")
+        page.wait_for_selector("#stream-note:has-text('HTTP 429')", timeout=T)
+        assert "retrying" in note.inner_text() and not page.is_visible("#live")
+        page.wait_for_selector("#stream-note:has-text('HTTP 503')", timeout=T)
+        assert "retrying" in note.inner_text() and not page.is_visible("#live")
+        page.wait_for_selector("#live:visible", timeout=T)
+        assert not note.is_visible()
+        n = page.evaluate("() => window.__car.shown.length")
+        page.wait_for_function(f"() => window.__car.shown.length > {n + 2}", timeout=T)
+        assert len(tries) == 3, tries
+        assert tries[1] - tries[0] >= 1.8, tries  # Retry-After: 2
+        assert tries[2] - tries[1] >= 0.9, tries  # a back-off, not at once
+        assert not page.errors  # type: ignore[attr-defined]
+    finally:
+        with server.client() as c:
+            c.post(f"/api/sessions/{sid}/stop")
+
+
+# ---------------------------------------------------------------- the sessions list
+
+
+def test_sessions_refresh_keeps_older_sessions_unfolded(
+    browser: Browser,  # noqa: F811
+    server: Server,  # noqa: F811
+) -> None:
+    """The list refreshes itself every 15 s: that refresh folded "Older sessions" away again,
+    and the button the keyboard was on with it. Now the unfolded sessions stay, the focused one
+    keeps the focus and stays in view, and a heist started meanwhile joins the top."""
+    with server.client(timeout=120) as c:
+        while c.get("/api/sessions", params={"limit": 1}).json()["total"] < 18:
+            wait_status(c, start(c, rounds=1, step_delay=0), {"completed"})
+    page = new_page(browser)
+    page.clock.install()
+    page.goto(server.url + "/")
+    rows = page.locator("#sessions button")
+    rows.first.wait_for(timeout=T)
+    assert rows.count() == 15
+    page.click("#more-sessions")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#sessions button').length > 15", timeout=T
+    )
+    shown = rows.count()
+    last = rows.nth(shown - 1)
+    target = last.get_attribute("data-session")
+    last.focus()
+    with server.client(timeout=120) as c:
+        newest = start(c, rounds=1, step_delay=0)
+        wait_status(c, newest, {"completed"})
+    page.clock.run_for(16_000)
+    page.wait_for_selector(f"#sessions button[data-session='{newest}']", timeout=T)
+    assert rows.first.get_attribute("data-session") == newest
+    ids = [rows.nth(i).get_attribute("data-session") for i in range(rows.count())]
+    assert target in ids and len(ids) == shown + 1 and len(set(ids)) == len(ids), ids
+    assert page.evaluate("() => document.activeElement.dataset.session") == target
+    view = page.evaluate(
+        f"""() => {{ const box = document.querySelector('.col-sessions').getBoundingClientRect();
+                   const row = document.querySelector("#sessions button[data-session='{target}']")
+                     .getBoundingClientRect();
+                   return row.top >= box.top - 1 && row.bottom <= box.bottom + 1; }}"""
+    )
+    assert view, "the focused session scrolled out of view"
+    assert not page.errors  # type: ignore[attr-defined]

@@ -11,13 +11,16 @@ const SIGNALS = [
 ];
 
 const S = {
-  sid: null, es: null, lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0,
+  sid: null, stream: null, lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0,
   status: null, controllable: false, suspect: null, verdict: null, stepsEl: new Map(),
   tools: [], stats: {}, sessionsOffset: 0, saveTimer: null,
   // gen: bumped whenever another session is opened, so that an answer or a stream of the
   // previous one is dropped; pending: a control requested and not yet seen in the stream;
   // busy: a control or an accusation on its way; branch: a branch is never accused
   gen: 0, pending: null, busy: false, branch: false, badgeKey: null,
+  // streamOk: the live stream is connected (the dot shows only then); sessionsQueue: one
+  // load of the sessions list at a time, in the order asked
+  streamOk: false, sessionsQueue: Promise.resolve(),
 };
 // what the server sent, duplicates included: the browser tests read it
 window.__car = { received: [], shown: [], resumedFrom: null, ends: 0 };
@@ -87,30 +90,88 @@ function short(text, n) { text = String(text ?? ""); return text.length > n ? te
 
 // ------------------------------------------------------------------ sessions list
 
-async function loadSessions(append) {
-  if (!append) S.sessionsOffset = 0;
-  const r = await api("GET", `/api/sessions?limit=15&offset=${S.sessionsOffset}`);
+const SESSIONS_PAGE = 15;
+
+// append: the next page ("Older sessions"); otherwise a refresh of what is shown, updated in
+// place: the rows unfolded stay (up to 200 of them), new heists join the top, and a row keeps
+// its element, so the keyboard focus and the scroll position stay where they were
+function loadSessions(append) {
+  const run = () => (append ? moreSessions() : refreshSessions());
+  S.sessionsQueue = S.sessionsQueue.then(run, run);
+  return S.sessionsQueue;
+}
+
+function sessionRows() {
+  return [...$("sessions").children].filter((li) => li.dataset.session !== undefined);
+}
+
+async function refreshSessions() {
+  const before = sessionRows();
+  const shown = Math.max(SESSIONS_PAGE, before.length);
+  const r = await api("GET", `/api/sessions?limit=${Math.min(200, shown + SESSIONS_PAGE)}&offset=0`);
   if (!r.ok) return;
-  const list = $("sessions");
-  if (!append) clear(list);
-  for (const s of r.data.sessions) {
-    const outcome = s.outcome ? (s.outcome.bad ? el("span", { class: "pill bad" }, "bad") : el("span", { class: "pill ok" }, "ok")) : null;
-    const when = new Date(s.created_at);
-    const btn = el("button", {
-      type: "button", class: s.session_id === S.sid ? "current" : null,
-      dataset: { session: s.session_id },
-      onclick: () => openSession(s.session_id),
-    },
-      el("span", { class: "row" }, el("code", {}, s.session_id), el("span", { class: `pill ${s.status}` }, s.status)),
-      el("span", { class: "row muted small" },
-        el("span", {}, `${s.steps} steps · ${isNaN(when) ? "" : when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}`),
-        outcome),
-    );
-    list.append(el("li", {}, btn));
-  }
+  let keep = r.data.sessions;
+  // down to the oldest row shown before, wherever the heists started meanwhile put it
+  const last = before.length ? before[before.length - 1].dataset.session : null;
+  const i = keep.findIndex((s) => s.session_id === last);
+  keep = i >= 0 ? keep.slice(0, i + 1) : keep.slice(0, shown);
+  placeSessions(keep, before);
+  S.sessionsOffset = keep.length;
+  showMoreSessions(r.data.total);
+}
+
+async function moreSessions() {
+  const r = await api("GET", `/api/sessions?limit=${SESSIONS_PAGE}&offset=${S.sessionsOffset}`);
+  if (!r.ok) return;
+  const before = sessionRows();
+  // heists started since the last load shift the pages: a row already shown is not repeated
+  const have = new Set(before.map((li) => li.dataset.session));
+  placeSessions(before.map((li) => li._session).concat(r.data.sessions.filter((s) => !have.has(s.session_id))), before);
   S.sessionsOffset += r.data.sessions.length;
-  $("more-sessions").hidden = S.sessionsOffset >= r.data.total;
-  if (!r.data.total && !append) list.append(el("li", { class: "muted small" }, "No heists recorded yet."));
+  showMoreSessions(r.data.total);
+}
+
+function showMoreSessions(total) {
+  $("more-sessions").hidden = S.sessionsOffset >= total;
+  const list = $("sessions");
+  const none = list.querySelector("li.none");
+  if (!total && !none) list.append(el("li", { class: "muted small none" }, "No heists recorded yet."));
+  if (total && none) none.remove();
+}
+
+// the list becomes exactly `sessions`, in that order, reusing the rows it has: a row is moved
+// only when it is out of place (moving it would take the focus away from it)
+function placeSessions(sessions, before) {
+  const list = $("sessions");
+  const rows = new Map(before.map((li) => [li.dataset.session, li]));
+  let at = list.firstChild;
+  for (const s of sessions) {
+    let li = rows.get(s.session_id);
+    rows.delete(s.session_id);
+    if (!li) li = el("li", { dataset: { session: s.session_id } }, el("button", {
+      type: "button", dataset: { session: s.session_id }, onclick: () => openSession(s.session_id),
+    }));
+    fillSessionRow(li, s);
+    if (li !== at) list.insertBefore(li, at);
+    else at = at.nextSibling;
+  }
+  for (const li of rows.values()) li.remove();
+}
+
+function fillSessionRow(li, s) {
+  li._session = s;
+  const btn = li.firstChild;
+  btn.classList.toggle("current", s.session_id === S.sid);
+  const when = new Date(s.created_at);
+  const time = isNaN(when) ? "" : when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const key = JSON.stringify([s.status, s.steps, time, s.outcome ? !!s.outcome.bad : null]);
+  if (btn._key === key) return;
+  btn._key = key;
+  const outcome = s.outcome ? (s.outcome.bad ? el("span", { class: "pill bad" }, "bad") : el("span", { class: "pill ok" }, "ok")) : null;
+  clear(btn);
+  btn.append(
+    el("span", { class: "row" }, el("code", {}, s.session_id), el("span", { class: `pill ${s.status}` }, s.status)),
+    el("span", { class: "row muted small" }, el("span", {}, `${s.steps} steps · ${time}`), outcome));
 }
 
 // ------------------------------------------------------------------ open a session
@@ -134,7 +195,9 @@ function saveSoon() {
 }
 
 function resetView() {
-  if (S.es) { S.es.close(); S.es = null; }
+  if (S.stream) { S.stream.close(); S.stream = null; }
+  S.streamOk = false;
+  $("stream-note").hidden = true;
   Object.assign(S, { lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0, status: null,
     controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [], stats: {},
     gen: S.gen + 1, pending: null, busy: false, branch: false, badgeKey: null });
@@ -193,27 +256,157 @@ function applyDetail(d) {
   if (d.verdict) renderVerdict(d.verdict);
 }
 
+// The live stream is read with fetch, not EventSource: an EventSource neither tells the HTTP
+// status of a reconnect that failed nor tries again after one, so the page could say nothing
+// and the dot stayed on. Here a refusal (403, 404, any other 4xx) stops the stream, a busy or
+// failing server (429, 5xx) and a lost connection are tried again after Retry-After or a
+// back-off (1, 2, 4 … 30 s), and the note under the card's title says which and why.
+const STREAM_WORDS = {
+  0: "the server is not reachable", 403: "the server refused it", 404: "the server does not know this session",
+  429: "the server is busy", 500: "the server failed", 502: "the server is not reachable",
+  503: "the server is not available", 504: "the server did not answer in time",
+};
+
+function streamWords(status) {
+  if (STREAM_WORDS[status]) return STREAM_WORDS[status];
+  return status >= 500 ? "the server failed" : "the server refused it";
+}
+
+// seconds to wait as a Retry-After header says (seconds or an HTTP date), within 1..300
+function retryAfter(value) {
+  if (!value) return null;
+  let secs = /^\s*\d+\s*$/.test(value) ? parseInt(value, 10) : (Date.parse(value) - Date.now()) / 1000;
+  if (isNaN(secs)) return null;
+  return Math.min(300, Math.max(1, Math.ceil(secs)));
+}
+
+function streamNote(text) {
+  const note = $("stream-note");
+  note.textContent = text || "";
+  note.hidden = !text;
+}
+
+function syncLive() {
+  $("live").hidden = S.status !== "recording" || !S.streamOk;
+}
+
 function connect(sid) {
-  const url = `/api/sessions/${encodeURIComponent(sid)}/events?after=${S.lastSeq}`;
-  const es = new EventSource(url);
-  S.es = es;
   const gen = S.gen;
-  es.onmessage = (m) => {
-    if (S.es !== es || S.gen !== gen) { es.close(); return; }
-    const e = JSON.parse(m.data);
-    window.__car.received.push(e.seq);
-    handle(e, true);
+  const ctl = new AbortController();
+  const stream = { failures: 0, timer: null, close: () => { clearTimeout(stream.timer); ctl.abort(); } };
+  S.stream = stream;
+  const current = () => S.stream === stream && S.gen === gen;
+
+  const down = (status, wait, words) => {
+    S.streamOk = false;
+    syncLive();
+    const why = `${words || streamWords(status)}${status ? ` (HTTP ${status})` : ""}`;
+    if (wait === null) {
+      S.stream = null;
+      streamNote(`Live view stopped: ${why}. Reload the page to try again.`);
+      return;
+    }
+    streamNote(`Live view interrupted: ${why}; retrying in ${wait} s.`);
+    stream.timer = setTimeout(attempt, wait * 1000);
   };
-  es.addEventListener("end", async () => {
-    es.close();
+  // a try that failed with `status` (0: no answer, or the stream broke off)
+  const failed = (status, after, words) => {
+    if (!current()) return;
+    if (status && status !== 429 && status < 500) return down(status, null, words);
+    stream.failures += 1;
+    down(status, retryAfter(after) ?? Math.min(30, 2 ** (stream.failures - 1)), words);
+  };
+
+  async function attempt() {
+    stream.timer = null;
+    if (!current()) return;
+    let res;
+    try {
+      res = await fetch(`/api/sessions/${encodeURIComponent(sid)}/events?after=${S.lastSeq}`, {
+        headers: { Accept: "text/event-stream" }, cache: "no-store", signal: ctl.signal,
+      });
+    } catch (e) {
+      failed(0, null);
+      return;
+    }
+    if (!current()) { ctl.abort(); return; }
+    if (res.status !== 200 || !res.body || !/^text\/event-stream/i.test(res.headers.get("Content-Type") || "")) {
+      try { res.body && res.body.cancel(); } catch (e) { /* nothing to release */ }
+      failed(res.status, res.headers.get("Retry-After"), res.status === 200 ? "the answer was no event stream" : null);
+      return;
+    }
+    S.streamOk = true;
+    streamNote(null);
+    syncLive();
+    let ended = false;
+    try {
+      ended = await readEvents(res.body, () => current(), (type, data) => {
+        stream.failures = 0;  // something came: the next break is a first one again
+        if (type === "ping") return;
+        if (type === "end") return;
+        const e = JSON.parse(data);
+        window.__car.received.push(e.seq);
+        handle(e, true);
+      });
+    } catch (e) {
+      ended = false;
+    }
+    if (!current()) return;
+    if (!ended) { failed(0, null, "the connection was lost"); return; }
+    S.stream = null;
+    S.streamOk = false;
     window.__car.ends += 1;
-    if (S.gen !== gen) return;
     $("live").hidden = true;
     const r = await api("GET", `/api/sessions/${encodeURIComponent(sid)}`);
     if (r.ok && S.gen === gen) { applyDetail(r.data); showLab(); }
     loadSessions(false);
-  });
-  es.onerror = () => { /* EventSource reconnects by itself with Last-Event-ID */ };
+  }
+  attempt();
+}
+
+// Server-Sent Events from a response body: onEvent(type, data) for each event ("ping" for a
+// comment line, the server's keep-alive); true once an "end" event came, false when the body
+// ended before (or `alive()` turned false: another session was opened)
+async function readEvents(body, alive, onEvent) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  const eol = /\r\n|\r|\n/g;
+  let buf = "", type = "", data = [];
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done || !alive()) return false;
+      buf += decoder.decode(value, { stream: true });
+      let from = 0, m;
+      eol.lastIndex = 0;
+      while ((m = eol.exec(buf))) {
+        if (m[0] === "\r" && eol.lastIndex === buf.length) break;  // maybe half of a \r\n
+        const line = buf.slice(from, m.index);
+        from = eol.lastIndex;
+        if (line === "") {
+          if (data.length) {
+            const t = type || "message";
+            onEvent(t, data.join("\n"));
+            if (t === "end") return true;
+            if (!alive()) return false;
+          }
+          type = ""; data = [];
+        } else if (line[0] === ":") {
+          onEvent("ping", null);
+        } else {
+          const colon = line.indexOf(":");
+          const field = colon < 0 ? line : line.slice(0, colon);
+          let v = colon < 0 ? "" : line.slice(colon + 1);
+          if (v[0] === " ") v = v.slice(1);
+          if (field === "event") type = v;
+          else if (field === "data") data.push(v);
+        }
+      }
+      buf = buf.slice(from);
+    }
+  } finally {
+    reader.cancel().catch(() => {});
+  }
 }
 
 // ------------------------------------------------------------------ events
@@ -304,7 +497,7 @@ function setStatus(status) {
   pill.className = `pill ${status}`;
   const live = LIVE.has(status);
   if (!live) S.pending = null;
-  $("live").hidden = status !== "recording";
+  syncLive();
   syncButtons();
   if (!live) $("progress-bar").style.background = status === "completed" ? "var(--ok)" : "var(--bad)";
   else $("progress-bar").style.background = "";
