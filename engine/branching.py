@@ -24,10 +24,9 @@ from engine.interventions import (
     ForkReport,
     Intervention,
     ParentInfo,
+    check_override,
     fork_many,
-    override_options,
     parent_info,
-    policy_name,
 )
 from engine.journal import Journal
 from engine.scenario import ClosingForwardModel, Progress, Rerun, scenario_of_run
@@ -150,10 +149,13 @@ class SteppedForks:
         rerun: Rerun = Rerun(),
     ) -> ClosingForwardModel:
         refuse_command(self.name, rerun)
+        parent = parent_info(journal, run_id)
         override = rerun.policy_override
         if override:
-            # --base-url etc. checked against the recorded policy before any branch runs
-            override = override_options(policy_name(journal, journal.run(run_id).run_id), override)
+            # --base-url etc. checked before any branch runs, against the policy in force at
+            # every step a forward run may fork at: the recorded one, or after a do_policy in
+            # the run's own history (a branch's), the policy it swapped in
+            override = check_override(journal, parent, override)
         return BranchForwardModel(
             journal,
             run_id,
@@ -161,6 +163,7 @@ class SteppedForks:
             policy_override=override,
             reuse=rerun.reuse,
             executor=rerun.executor,
+            parent=parent,
         )
 
 
@@ -186,8 +189,10 @@ class BranchForwardModel:
         policy_override: dict[str, Any] | None = None,
         reuse: bool = True,
         executor: ExecutorOptions | None = None,
+        parent: ParentInfo | None = None,
     ) -> None:
-        self.parent: ParentInfo = parent_info(journal, run_id)
+        """`parent`: the run's ParentInfo when the caller has read it already."""
+        self.parent: ParentInfo = parent or parent_info(journal, run_id)
         if self.parent.status != "completed":
             raise InterventionError(
                 f"run {self.parent.run_id!r} is {self.parent.status}; attribution needs a "

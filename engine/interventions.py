@@ -13,7 +13,7 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -292,6 +292,8 @@ class ParentInfo(msgspec.Struct, frozen=True):
     tool_steps: frozenset[int]
     outcome: dict[str, Any]
     agents: dict[int, str] = msgspec.field(default_factory=dict)  # who acted at each step
+    #: do_policy swaps in the run's history, its ancestors' included: (step, policy name)
+    policy_swaps: tuple[tuple[int, str], ...] = ()
 
 
 def parent_info(journal: Journal, run_id: str) -> ParentInfo:
@@ -303,6 +305,7 @@ def parent_info(journal: Journal, run_id: str) -> ParentInfo:
     agents: dict[int, str] = {}
     tool_steps: set[int] = set()
     outcome: dict[str, Any] = {}
+    swaps: list[tuple[int, str]] = []
     for stored in journal.read(info.run_id):
         check()  # a stop request between two events: the pass over a long run takes seconds
         e = stored.event
@@ -311,6 +314,9 @@ def parent_info(journal: Journal, run_id: str) -> ParentInfo:
             agents[e.step] = e.agent
         elif isinstance(e, ev.ToolCall) and e.step is not None:
             tool_steps.add(e.step)
+        elif isinstance(e, ev.Intervention) and e.op == "policy":
+            name = e.value.get("name", "") if isinstance(e.value, dict) else ""
+            swaps.append((e.at, str(name)))
         elif isinstance(e, ev.RunEnded):
             outcome = dict(e.outcome)
     return ParentInfo(
@@ -321,6 +327,7 @@ def parent_info(journal: Journal, run_id: str) -> ParentInfo:
         tool_steps=frozenset(tool_steps),
         outcome=outcome,
         agents=agents,
+        policy_swaps=tuple(swaps),
     )
 
 
@@ -454,6 +461,80 @@ def policy_for(spec: dict[str, Any]) -> Policy:
             except (TypeError, ValueError) as e:
                 raise ConfigError(f"bad policy spec {spec!r}: {e}") from e
         return pol
+
+
+def policies_in_force(
+    journal: Journal, parent: ParentInfo, steps: Iterable[int] | None = None
+) -> dict[int, dict[str, Any]]:
+    """The spec of the policy that re-decides a branch of `parent` forked at each of `steps`
+    (default: every step), before any override: the one `run_branch` builds from s_k. That is
+    the run's recorded policy unless a do_policy in the parent's own history swapped another
+    in at an earlier step: a fork of a do_policy branch after its swap runs the swapped-in
+    policy, not the one its root's RunStarted names. (A fork at the swap step itself replaces
+    that step, swap and all: the policy in force before it decides.)"""
+    ks = range(parent.steps) if steps is None else sorted(set(steps))
+    if not parent.policy_swaps:
+        recorded = recorded_policy(journal, parent.run_id)
+        return {k: dict(recorded) for k in ks}
+    with _cache_lock:
+        missing = [k for k in ks if (journal.url, parent.run_id, k) not in _bases]
+    if len(missing) > 1:
+        prepare_bases(journal, parent, upto=max(missing) + 1)  # one pass, not one per step
+    return {k: policy_spec_at(branch_base(journal, parent, k).state) for k in ks}
+
+
+def check_override(
+    journal: Journal,
+    parent: ParentInfo,
+    override: Mapping[str, Any],
+    steps: Iterable[int] | None = None,
+) -> dict[str, Any]:
+    """Check CLI overrides (--base-url, --model, --timeout, --drift) against the policy in force
+    at each fork step of `steps` (default: every step a forward run may fork at); returns them
+    parsed. A flag that one of those policies does not take is refused in one line, which on a
+    run with do_policy swaps in its history names the steps and the swaps."""
+    at = policies_in_force(journal, parent, steps)
+    by_name: dict[str, list[int]] = {}
+    for k, spec in at.items():
+        by_name.setdefault(str(spec.get("name", "")), []).append(k)
+    if not by_name:  # no steps: the run's recorded policy
+        by_name[str(recorded_policy(journal, parent.run_id).get("name", ""))] = []
+    parsed: dict[str, Any] = {}
+    for name, ks in by_name.items():
+        try:
+            parsed = override_options(name, override)
+        except InterventionError as e:
+            if not parent.policy_swaps or not ks:
+                raise
+            swaps = ", ".join(f"to {n} at step {k}" for k, n in parent.policy_swaps)
+            if len(parent.policy_swaps) == 1:
+                how = f"its do_policy swap {swaps} decides forks after that step"
+            else:
+                how = f"its do_policy swaps ({swaps}) each decide forks after their step"
+            raise InterventionError(
+                f"{e} (the policy in force at {steps_text(ks)} of run {parent.run_id}; {how})"
+            ) from None
+    return parsed
+
+
+def steps_text(ks: Sequence[int]) -> str:
+    """`step 3`, `steps 0..2, 5`: sorted steps as ranges."""
+    spans: list[list[int]] = []
+    for k in ks:
+        if spans and k == spans[-1][1] + 1:
+            spans[-1][1] = k
+        else:
+            spans.append([k, k])
+    text = ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
+    return ("step " if len(ks) == 1 else "steps ") + text
+
+
+def recorded_policy(journal: Journal, run_id: str) -> dict[str, Any]:
+    """The spec of the policy run `run_id` (or its root, for a branch) was recorded with."""
+    first = next(journal.read(run_id, 0, 1), None)
+    if first is None or not isinstance(first.event, ev.RunStarted):
+        raise EngineError(f"run {run_id!r} has no RunStarted event")
+    return dict(first.event.policy)
 
 
 def branch_key(
@@ -720,7 +801,12 @@ class BranchRunner:
         reuse: bool = False,
         all_bases: bool = True,
         executor: ExecutorOptions | None = None,
+        policies: Collection[str] | None = None,
     ) -> None:
+        """`policies`: the names of the policies that decide the branches' steps, which pick
+        where they run; by default the one `policy_override` names, else those in force at
+        every step of the parent (a do_policy branch's swap decides the forks after it).
+        `thread_policy`: threads whatever they are."""
         if concurrency < 1:
             raise InterventionError(f"concurrency must be at least 1, got {concurrency}")
         self.journal = journal
@@ -739,18 +825,25 @@ class BranchRunner:
                     self._existing.setdefault(info.label, info.run_id)
         if all_bases:
             prepare_bases(journal, parent)
-        name = policy_name(journal, parent.run_id, policy_override)
-        sim = name.startswith("sim") and not thread_policy
+        if policy_override and "name" in policy_override:
+            names = {str(policy_override["name"])}
+        elif policies is not None:
+            names = set(policies)
+        else:
+            names = {str(p.get("name", "")) for p in policies_in_force(journal, parent).values()}
+        names = names or {policy_name(journal, parent.run_id)}
+        sim = all(n.startswith("sim") for n in names) and not thread_policy
         # a server-backed policy always runs in threads, even one at a time: the command can
         # then stop on Ctrl-C while a call hangs, and close that branch itself
         mode = "inline" if sim else "threads"
         if concurrency > 1 and sim:
             mode = "processes" if journal.is_sqlite else "threads"
         if mode == "processes":
-            # the policy's code before the workers fork: each inherits it (one that cannot be
-            # loaded fails in its branches, as it would without this)
-            with contextlib.suppress(ConfigError):
-                load_policy(name)
+            # the policies' code before the workers fork: each inherits it (one that cannot
+            # be loaded fails in its branches, as it would without this)
+            for name in sorted(names):
+                with contextlib.suppress(ConfigError):
+                    load_policy(name)
         self.executor: Executor = make_executor(
             executor, journal, parent, concurrency=concurrency, mode=mode
         )
@@ -857,13 +950,11 @@ def run_branches(
 
 
 def policy_name(journal: Journal, run_id: str, override: dict[str, Any] | None = None) -> str:
-    """The name of the policy run `run_id` recorded with (or the one `override` names)."""
+    """The name of the policy run `run_id` recorded with (or the one `override` names). Not
+    the one deciding a fork of a do_policy branch after its swap: `policies_in_force`."""
     if override and "name" in override:
         return str(override["name"])
-    first = next(journal.read(run_id, 0, 1), None)
-    if first is None or not isinstance(first.event, ev.RunStarted):
-        raise EngineError(f"run {run_id!r} has no RunStarted event")
-    return str(first.event.policy.get("name", ""))
+    return str(recorded_policy(journal, run_id).get("name", ""))
 
 
 def fork_many(
@@ -887,27 +978,31 @@ def fork_many(
             f"the number of branches must lie within [1, {MAX_BRANCHES}], got {n}"
         )
     parent = parent_info(journal, run_id)
-    thread_policy = False
-    if isinstance(iv, DoPolicy):
-        if policy_override:
-            iv = DoPolicy(
-                iv.k, {**iv.policy, **override_options(str(iv.policy["name"]), policy_override)}
-            )
-            policy_override = None
-        thread_policy = not str(iv.policy["name"]).startswith("sim")
-    elif policy_override:
-        policy_override = override_options(policy_name(journal, run_id, None), policy_override)
+    if isinstance(iv, DoPolicy) and policy_override:
+        iv = DoPolicy(
+            iv.k, {**iv.policy, **override_options(str(iv.policy["name"]), policy_override)}
+        )
+        policy_override = None
     validate(parent, iv)
     specs = [BranchSpec(iv, branch_seed_for(seed, i)) for i in range(n)]
     prepare_bases(journal, parent, upto=iv.k + 1)
+    if isinstance(iv, DoPolicy):
+        decider = str(iv.policy["name"])  # from step k on, whatever was in force there
+    else:
+        # the policy in force at step k (a do_policy in the parent's history may have
+        # swapped it) takes the override and decides where the branches run
+        if policy_override:
+            policy_override = check_override(journal, parent, policy_override, [iv.k])
+        spec = policies_in_force(journal, parent, [iv.k])[iv.k]
+        decider = str({**spec, **(policy_override or {})}.get("name", ""))
     with BranchRunner(
         journal,
         parent,
         concurrency=concurrency,
         policy_override=policy_override,
-        thread_policy=thread_policy,
         all_bases=False,
         executor=executor,
+        policies=[decider],
     ) as runner:
         branches = runner.run(specs, progress)
         stats = runner.executor.stats()

@@ -186,11 +186,6 @@ def fidelity(
     first_state = steps[0].state
     scenario = stepped_for(first_state, "car fidelity")
     spec = dict(first_state.policy)
-    if policy_override:
-        from engine.interventions import override_options
-
-        spec.update(override_options(str(spec.get("name", "")), policy_override))
-    policy = make_policy(spec)
     # one pass rebuilds every request; the policy must see exactly what it saw when
     # recording, anything else is not a replay, so say where the journal and the rebuild part
     todo: list[tuple[RecordedStep, AgentView, list[dict[str, str]]]] = []
@@ -205,10 +200,34 @@ def fidelity(
         if step.call.model != FORCED_MODEL and step.call.finish_reason != "error":
             todo.append((step, view, messages))
     skipped = len(steps) - len(todo)
+    taken: dict[str, dict[str, Any]] = {}
+    if policy_override:
+        # --base-url etc. apply to the policies that decided the re-executed steps and take
+        # them: the recorded one, or after a do_policy in the run's history the one it swapped
+        # in (a mixed branch's server steps go to the URL, its sim steps replay as they were);
+        # refused when none of them takes them
+        from engine.interventions import override_options, steps_text
+
+        deciders: dict[str, list[int]] = {}
+        for step, _, _ in todo:
+            deciders.setdefault(str(_spec_at(step, spec).get("name", "")), []).append(step.step)
+        refused: list[str] = []
+        for name, ks in deciders.items():
+            try:
+                taken[name] = override_options(name, policy_override)
+            except InterventionError as e:
+                refused.append(f"{e} (the policy that decided {steps_text(ks)})")
+        own = str(spec.get("name", ""))
+        if not deciders or set(deciders) == {own}:
+            taken[own] = override_options(own, policy_override)  # refused in its own words
+        if not taken:
+            raise InterventionError(f"run {info.run_id}: " + "; ".join(refused))
+        spec.update(taken.get(own, {}))
+    policy = make_policy(spec)
 
     def one(item: tuple[RecordedStep, AgentView, list[dict[str, str]]]) -> StepMatch:
         step, view, messages = item
-        step_policy, step_spec = _policy_at(step, policy, spec)
+        step_policy, step_spec = _policy_at(step, policy, spec, taken)
         new = step_policy.decide(view, messages, step.call.seed)
         rec = step.call.response
         exact = new.text == rec
@@ -264,16 +283,30 @@ def fidelity(
     return _report(info.run_id, spec, len(steps), skipped, done, swaps)
 
 
-def _policy_at(
-    step: RecordedStep, default: Policy, default_spec: dict[str, Any]
-) -> tuple[Policy, dict[str, Any]]:
-    """The policy that decided this step, and its spec: a do_policy branch swapped it from its
+def _spec_at(step: RecordedStep, default_spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec of the policy that decided this step: a do_policy branch swapped it from its
     fork step on."""
-    from engine.interventions import policy_for, policy_spec_at
+    from engine.interventions import policy_spec_at
 
     if not any(iv["op"] == "policy" for iv in step.state.interventions):
+        return default_spec
+    return policy_spec_at(step.state)
+
+
+def _policy_at(
+    step: RecordedStep,
+    default: Policy,
+    default_spec: dict[str, Any],
+    taken: dict[str, dict[str, Any]] | None = None,
+) -> tuple[Policy, dict[str, Any]]:
+    """The policy that decided this step, and its spec; a swapped-in one with the overrides
+    its kind took (`taken`, by policy name: `default` has its own already)."""
+    from engine.interventions import policy_for
+
+    spec = _spec_at(step, default_spec)
+    if spec is default_spec:
         return default, default_spec
-    spec = policy_spec_at(step.state)
+    spec = {**spec, **(taken or {}).get(str(spec.get("name", "")), {})}
     return policy_for(spec), spec
 
 
