@@ -107,3 +107,48 @@ def test_a_journal_on_postgresql_forks_no_workers(pg_url: str) -> None:
     target = fresh_pg_database(pg_url, "serve")
     with car_serve(target, "--workers", "1") as s:  # type: ignore[arg-type]
         assert children_of(s.proc.pid) == set()
+
+
+def test_an_executor_keeps_the_standing_pool_from_its_first_batch_to_its_close(
+    tmp_path: Path,
+) -> None:
+    """An attribution's looks are batches of one executor: between two of them another
+    request found the pool free and took it, and the attribution's later looks ran in
+    threads. Now the executor keeps it until it closes: in between, `lend` gives nobody the
+    pool; after, it does. In a process of its own with no threads (a standing pool forks)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        from engine.executors.local import LocalExecutor, start_standing_pool
+        from engine.heist.session import record_heist
+        from engine.heist.sim import SimPolicy
+        from engine.interventions import DoResample, BranchSpec, parent_info, branch_job
+        from engine.journal import Journal
+
+        standing = start_standing_pool(1)
+        with Journal({str(tmp_path / "j.db")!r}) as j:
+            run = record_heist(j, SimPolicy(), seed=7, rounds=1).run_id
+            parent = parent_info(j, run)
+            ex = LocalExecutor("processes", 2, parent, standing=standing)
+            done = {{}}
+            for look in range(2):
+                specs = [(BranchSpec(DoResample(3), 100 * look + i), None) for i in range(6)]
+                ex.map(j, parent, branch_job, specs, done.__setitem__)
+                print("held", standing.lend() is None)
+            print("worker ran", ex.stats().busy_s[1] > 0)
+            ex.close()
+            again = standing.lend()
+            print("free", again is not None)
+            standing.give_back()
+        standing.close()
+        """
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:4] == ["held True", "held True", "worker ran True", "free True"]

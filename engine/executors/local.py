@@ -8,8 +8,9 @@ the pool started (and the branch bases computed so far), so nothing is shipped b
 A process with threads of its own (the server) must not fork while they run: a fork copies
 whatever lock another thread holds at that moment, held for good in the child. Such a host
 forks a *standing pool* once, before its threads start (`start_standing_pool`); its forward
-runs then go to those workers, the parent info shipped with each batch, one batch at a time
-(a second one meanwhile runs in threads)."""
+runs then go to those workers, the parent info shipped with each batch, one command (a fork,
+an attribution: an executor) at a time, from its first batch to its end (another meanwhile
+runs in threads)."""
 
 from __future__ import annotations
 
@@ -102,9 +103,9 @@ class _Accounts:
 
 
 class StandingPool:
-    """Worker processes forked once, before the host's threads start, and lent to one batch
-    of forward runs at a time (`lend`/`give_back`). A pool that lost a worker is stopped and
-    lends no more: later batches run in threads."""
+    """Worker processes forked once, before the host's threads start, and lent to one
+    executor at a time, for its batches of forward runs until it closes (`lend`/`give_back`).
+    A pool that lost a worker is stopped and lends no more: later batches run in threads."""
 
     def __init__(self, workers: int) -> None:
         if workers < 1:
@@ -118,7 +119,7 @@ class StandingPool:
         self._lock = threading.Lock()
 
     def lend(self) -> WorkerPool | None:
-        """The pool for one batch, or None when another batch has it (or it is stopped)."""
+        """The pool for one executor, or None when another one has it (or it is stopped)."""
         if self.pool is None or not self._lock.acquire(blocking=False):
             return None
         if self.pool is not None and not self.pool.healthy():
@@ -131,7 +132,8 @@ class StandingPool:
         return self.pool
 
     def give_back(self, broken: bool = False) -> None:
-        """The batch is over; `broken`: it lost a worker, so the pool is stopped."""
+        """The executor is done with it; `broken`: a batch lost a worker, so the pool is
+        stopped."""
         if broken and self.pool is not None:
             self.pool.stop()
             self.pool = None
@@ -184,8 +186,10 @@ class LocalExecutor:
         *,
         standing: StandingPool | None = None,
     ) -> None:
-        """`standing`: in processes mode, run on that pool (lent batch by batch) instead of
-        forking one (the host has threads)."""
+        """`standing`: in processes mode, run on that pool instead of forking one (the host
+        has threads); lent at this executor's first batch that finds it free and kept until
+        `close`, so that a request between two looks of an attribution cannot take it from
+        the rest of the attribution."""
         if mode not in MODES:
             raise InterventionError(f"unknown local mode {mode!r}; expected one of {MODES}")
         if concurrency < 1:
@@ -196,6 +200,8 @@ class LocalExecutor:
         self._standing = standing if mode == "processes" else None
         #: what the standing pool's processes did in this executor's batches (for stats)
         self._lent: _Accounts | None = None
+        #: the standing pool while this executor has it lent
+        self._held: WorkerPool | None = None
         self._threads: cf.ThreadPoolExecutor | None = None
         self._workers = 1
         if self._standing is not None:
@@ -288,8 +294,11 @@ class LocalExecutor:
         on_done: OnDone,
     ) -> None:
         """One batch on the standing pool, this thread running items too; in threads when
-        another batch has the pool."""
-        pool = standing.lend()
+        another executor has the pool (it is kept from the first batch that gets it until
+        `close`)."""
+        pool = self._held
+        if pool is None:
+            pool = self._held = standing.lend()
         if pool is None:
             self._map_threads(journal, parent, job, args, on_done)
             return
@@ -306,9 +315,16 @@ class LocalExecutor:
         finally:
             journal.parallel_writers = before
             self._lent = _Accounts.since(pool, start, self._lent)
-            standing.give_back(broken)
+            if broken:
+                self._give_back(broken=True)
+
+    def _give_back(self, broken: bool = False) -> None:
+        if self._held is not None and self._standing is not None:
+            self._held = None
+            self._standing.give_back(broken)
 
     def close(self, interrupted: bool = False) -> None:
+        self._give_back()
         if self._procs is not None:
             if interrupted:
                 self._procs.stop()
