@@ -133,3 +133,31 @@ class CannedServer(ThreadingHTTPServer):
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
         self.server_close()
+
+
+class ReorderingServer(CannedServer):
+    """A canned server that answers the first chat completion it gets only once the next one
+    has been answered: two calls in flight together are answered in the reverse of the order
+    they came in, as a server that serves requests side by side may (llama.cpp's answers one
+    at a time, in arrival order). A first call left alone is answered after `hold` seconds."""
+
+    def __init__(self, hold: float = 10.0) -> None:
+        super().__init__()
+        self.RequestHandlerClass = _ReorderingHandler
+        self.hold = hold
+        self.posts = 0
+        self.second_answered = threading.Event()
+
+
+class _ReorderingHandler(_Handler):
+    server: ReorderingServer
+
+    def do_POST(self) -> None:
+        with self.server.lock:
+            self.server.posts += 1
+            n = self.server.posts
+        if n == 1:
+            self.server.second_answered.wait(self.server.hold)
+        super().do_POST()
+        if n == 2:
+            self.server.second_answered.set()

@@ -302,6 +302,6 @@ def test_fidelity_refuses_a_server_flag_no_deciding_policy_takes(family: Family)
     assert p.returncode == 1, (p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
-    assert "--base-url does not apply to policy sim (the policy that decided steps 0..1)" in (
-        lines[0]
+    assert (
+        "--base-url does not apply to policy sim (the policy that decided steps 0..1)" in (lines[0])
     )

@@ -3,8 +3,9 @@
 One process-local HTTP/1.1 server on 127.0.0.1 (a free port), one thread per client
 connection (the `openai` client keeps its connection alive, so a program's calls reuse one
 thread and that thread's keep-alive connection to the upstream). Every chat completion is
-answered by one of three sources, decided per call by `route` (engine.program.matching names
-the call by agent and position):
+answered by one of three sources, decided per call by `route` from the recorded call it
+claims as it arrives (engine.program.matching.Matcher: the agent's earliest call not yet
+answered, or, when calls of the agent were in flight together, the one the request equals):
 
 * live: forwarded to the upstream server (engine.program.upstream: each call under one
   deadline and a size bound), and journaled once its answer is whole. An upstream that fails
@@ -53,6 +54,7 @@ from engine.interventions import (
 from engine.policies.openai_policy import error_text
 from engine.program import wire
 from engine.program.matching import (
+    Matcher,
     MatchMode,
     RecordedCall,
     diagnosis,
@@ -120,7 +122,7 @@ class Session:
         self.upstream = upstream
         self.root_seed = root_seed
         self.recorded = recorded or []
-        self.by_key = {c.key: c for c in self.recorded}
+        self.matcher = Matcher(self.recorded, match)
         self.by_step = {c.step: c for c in self.recorded}
         self.match = match
         self.fork_at = fork_at
@@ -180,8 +182,13 @@ class Session:
 
     # ------------------------------------------------------------------ routing
 
-    def route(self, key: tuple[str, int]) -> tuple[str, RecordedCall | None]:
-        rec = self.by_key.get(key)
+    @property
+    def reordered(self) -> int:
+        """Calls answered by a recorded call other than their agent's earliest unanswered one."""
+        return self.matcher.reordered
+
+    def route(self, rec: RecordedCall | None) -> tuple[str, RecordedCall | None]:
+        """Where the answer to a call that claimed `rec` comes from."""
         if self.recorder is None:
             return "journal", rec
         if self.fork_at is None:
@@ -201,14 +208,22 @@ class Session:
 
     # ------------------------------------------------------------------ one call
 
-    def begin(self, header: str | None, body: dict[str, Any]) -> tuple[str, int]:
+    def begin(
+        self, header: str | None, body: dict[str, Any]
+    ) -> tuple[str, int, RecordedCall | None]:
+        """A call arrives: its agent, its ordinal among the agent's calls (in arrival order)
+        and the recorded call it claims (none while recording, or when the agent has no
+        recorded call left)."""
+        # the seed source is not compared (params_of leaves it out): any will do
+        entries = wire.request_entries(body, "client") if self.recorded else None
         with self.lock:
             agent = self.agents.name(header, body)
             n = self.ordinals.get(agent, 0)
             self.ordinals[agent] = n + 1
+            rec = None if entries is None else self.matcher.claim(agent, entries)
             self.calls += 1
             self._inflight += 1
-        return agent, n
+        return agent, n, rec
 
     def end(self) -> None:
         with self.lock:
@@ -274,7 +289,8 @@ class Session:
         server: str | None,
     ) -> int:
         """Append the call's step (tool results it carries, the call, the tool calls it asked
-        for, its message); returns the step number."""
+        for, its message); returns the step number. `ordinal` is the n of the ids the program
+        got for its tool calls (`call_<agent>_<n>_<i>`), by which their results come back."""
         assert self.recorder is not None
         entries = wire.request_entries(body, seed_source)
         with self.lock:
@@ -652,9 +668,9 @@ class _Handler(BaseHTTPRequestHandler):
             # would be lost, and the run with it
             self._error(400, f"car cannot record this request: {problem}", "car_bad_request")
             return
-        agent, ordinal = s.begin(self.headers.get(wire.AGENT_HEADER), body)
+        agent, ordinal, rec = s.begin(self.headers.get(wire.AGENT_HEADER), body)
         try:
-            self._answer(s, agent, ordinal, body)
+            self._answer(s, agent, ordinal, rec, body)
         except Miss as e:
             self._error(400, f"car replay miss: {e}", "car_replay_miss")
         except UpstreamError as e:
@@ -676,9 +692,20 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             s.end()
 
-    def _answer(self, s: Session, agent: str, ordinal: int, body: dict[str, Any]) -> None:
-        route, rec = s.route((agent, ordinal))
+    def _answer(
+        self,
+        s: Session,
+        agent: str,
+        ordinal: int,
+        claimed: RecordedCall | None,
+        body: dict[str, Any],
+    ) -> None:
+        route, rec = s.route(claimed)
         iv = s.intervention
+        # the n of the tool-call ids the program gets: the recording's for a recorded call
+        # (so they are the ids it saw then, in whatever order its calls come now), else the
+        # call's own ordinal (past every recorded call of the agent: no id is given twice)
+        ids = rec.issued if rec is not None else ordinal
         if route == "journal":
             # the seed source is not compared (params_of leaves it out): any will do
             entries = wire.request_entries(body, "client")
@@ -686,30 +713,30 @@ class _Handler(BaseHTTPRequestHandler):
             assert rec is not None
             with s.lock:
                 s.current = (rec.step, agent, False)
-            self._send_answer(body, rec.answer(), agent, ordinal, rec.step)
+            self._send_answer(body, rec.answer(), agent, ids, rec.step)
             return
         if route == "intervene":
             assert rec is not None
             if isinstance(iv, DoAction):
                 a = wire.Answer(iv.action, "stop", rec.call.model, [])
-                self._journal_and_send(s, agent, ordinal, body, rec.call.seed, "branch", a, 0.0)
+                self._journal_and_send(s, agent, ids, body, rec.call.seed, "branch", a, 0.0)
                 return
             if isinstance(iv, DoObservation):
                 a = rec.answer()
                 if a.tool_calls:
-                    s.observation_ids[wire.tool_call_id(agent, ordinal, 0)] = iv.observation
-                self._journal_and_send(s, agent, ordinal, body, rec.call.seed, "branch", a, 0.0)
+                    s.observation_ids[wire.tool_call_id(agent, ids, 0)] = iv.observation
+                self._journal_and_send(s, agent, ids, body, rec.call.seed, "branch", a, 0.0)
                 return
             if isinstance(iv, DoPolicy):
                 s.set_policy(dict(iv.policy))
-            self._live(s, agent, ordinal, body, at_k=True)
+            self._live(s, agent, ordinal, ids, body, at_k=True)
             return
         if route == "forced":
             assert rec is not None
             a = rec.answer()
-            self._journal_and_send(s, agent, ordinal, body, rec.call.seed, "branch", a, 0.0)
+            self._journal_and_send(s, agent, ids, body, rec.call.seed, "branch", a, 0.0)
             return
-        self._live(s, agent, ordinal, body, at_k=False)
+        self._live(s, agent, ordinal, ids, body, at_k=False)
 
     def _journal_and_send(
         self,
@@ -738,7 +765,11 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._reply(200, wire.canonical(wire.completion_body(a, agent, ordinal, step)).encode())
 
-    def _live(self, s: Session, agent: str, ordinal: int, body: dict[str, Any], at_k: bool) -> None:
+    def _live(
+        self, s: Session, agent: str, ordinal: int, ids: int, body: dict[str, Any], at_k: bool
+    ) -> None:
+        """Forward a call upstream (seeded by its arrival `ordinal`, its tool calls named by
+        `ids`), journal it and answer it."""
         up = s.policy_upstream or s.upstream
         if up is None:
             raise UpstreamUnreachable("no upstream server to answer a live call (give --base-url)")
@@ -760,7 +791,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             ctype = (r.header("Content-Type") or "").lower()
             if body.get("stream") and "json" not in ctype:
-                self._live_stream(s, agent, ordinal, sent, seed, source, r, t0, up)
+                self._live_stream(s, agent, ids, sent, seed, source, r, t0, up)
                 return
             data = r.body()
         latency = (time.perf_counter() - t0) * 1000.0
@@ -771,13 +802,13 @@ class _Handler(BaseHTTPRequestHandler):
             a = wire.answer_of(reply)
         except Exception as e:
             raise UpstreamError(f"upstream {up.url} sent an unreadable reply: {e}") from e
-        k = s.journal_call(agent, ordinal, sent, seed, source, a, latency, up.url)
+        k = s.journal_call(agent, ids, sent, seed, source, a, latency, up.url)
         if body.get("stream"):
             # a server that answers a streamed request with one completion: streamed on
-            self._send_answer(body, a, agent, ordinal, k)
+            self._send_answer(body, a, agent, ids, k)
             return
         if a.tool_calls:
-            wire.rewrite_tool_ids(reply, agent, ordinal)
+            wire.rewrite_tool_ids(reply, agent, ids)
             data = wire.canonical(reply).encode()
         self._reply(200, data)
 
@@ -785,7 +816,7 @@ class _Handler(BaseHTTPRequestHandler):
         self,
         s: Session,
         agent: str,
-        ordinal: int,
+        ids: int,
         sent: dict[str, Any],
         seed: int,
         source: str,
@@ -798,7 +829,7 @@ class _Handler(BaseHTTPRequestHandler):
         it is an HTTP error; a stream that fails later (cut, malformed, oversized, too slow)
         ends with an error event (`_chat` answers an UpstreamError either way). The call is not
         journaled, and the run fails unless the call was abandoned (the proxy closing)."""
-        asm = wire.StreamAssembler(agent, ordinal)
+        asm = wire.StreamAssembler(agent, ids)
         limit = up.max_reply_bytes
         for data in r.events():
             try:
@@ -819,7 +850,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "(no finish_reason, no [DONE])"
             )
         latency = (time.perf_counter() - t0) * 1000.0
-        s.journal_call(agent, ordinal, sent, seed, source, asm.answer(), latency, up.url)
+        s.journal_call(agent, ids, sent, seed, source, asm.answer(), latency, up.url)
         if not self._sent:
             self._start_stream()
         self._end_stream()

@@ -372,6 +372,9 @@ class ReplayReport(msgspec.Struct, frozen=True):
     outcome_match: bool
     status: str
     error: str | None
+    #: calls answered by a recorded call other than their agent's earliest unanswered one
+    #: (calls of one agent in flight together, engine.program.matching)
+    reordered: int = 0
 
     @property
     def fidelity(self) -> float | None:
@@ -446,6 +449,7 @@ def _replay_report(
         outcome_match=recorded_outcome == replayed_outcome,
         status=run.status,
         error=run.error,
+        reordered=session.reordered,
     )
 
 
@@ -463,7 +467,7 @@ def _prefix_tools(
         if c.step >= k:
             continue
         for i, t in enumerate(c.tools):
-            tid = wire.tool_call_id(c.agent, c.ordinal, i)
+            tid = wire.tool_call_id(c.agent, c.issued, i)
             ids[tid] = (c.step, c.agent, t.tool, t.param)
             by_step.setdefault(c.step, []).append(tid)
     done: set[str] = set()

@@ -13,8 +13,10 @@ A recorded program's call is journaled with the event types every run uses (engi
   `ToolCall` (tool = function name, param = its JSON arguments) of the same step; the answer
   the program later sends back in a `tool` message becomes that step's `ToolResult`.
 * Tool-call ids are the recorder's, not the server's: `call_<agent>_<n>_<i>` for the i-th tool
-  call of the agent's n-th call. The program sees those ids, so a replay that rebuilds the
-  answer from the journal hands it exactly the ids it saw while recording.
+  call of the n-th call of the agent the proxy received. The program sees those ids, so a
+  replay that rebuilds the answer from the journal hands it exactly the ids it saw while
+  recording (n is read back from the requests that returned them when the agent's calls
+  overlapped and were journaled in another order: engine.program.matching).
 """
 
 from __future__ import annotations
