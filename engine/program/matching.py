@@ -271,10 +271,35 @@ class Matcher:
         return chosen
 
 
-def _short(v: Any, n: int = 80) -> str:
+def _flat(v: Any) -> str:
     text = v if isinstance(v, str) else wire.canonical(v)
-    text = " ".join(text.split())
+    return " ".join(text.split())
+
+
+def _short(v: Any, n: int = 80) -> str:
+    text = _flat(v)
     return repr(text if len(text) <= n else text[: n - 1] + "…")
+
+
+def _around(a: Any, b: Any, n: int = 80) -> tuple[str, str]:
+    """Both values shortly, each cut to the same window around where they first differ: two
+    long values that differ past their first `n` characters (a tool call's id late in its
+    JSON) would otherwise read as two equal texts."""
+    x, y = _flat(a), _flat(b)
+    if len(x) <= n and len(y) <= n:
+        return repr(x), repr(y)
+    i = 0
+    while i < min(len(x), len(y)) and x[i] == y[i]:
+        i += 1
+    start = max(0, i - n // 4)
+
+    def cut(t: str) -> str:
+        head = "…" if start else ""
+        part = t[start : start + n - len(head)]
+        tail = "…" if start + len(part) < len(t) else ""
+        return repr(head + (part[: len(part) - 1] if tail and part else part) + tail)
+
+    return cut(x), cut(y)
 
 
 def first_difference(
@@ -320,7 +345,8 @@ def describe(diff: tuple[str, Any, Any]) -> str:
         return f"{field} is new (got {_short(b)}; the recording has none)"
     if b is None:
         return f"{field} is missing (recorded {_short(a)})"
-    return f"{field} differs: recorded {_short(a)}, got {_short(b)}"
+    ra, rb = _around(a, b)
+    return f"{field} differs: recorded {ra}, got {rb}"
 
 
 def _leading_equal(a: list[dict[str, str]], b: list[dict[str, str]]) -> int:
