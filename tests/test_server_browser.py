@@ -5,6 +5,7 @@ CI as artifacts)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -243,6 +244,67 @@ def test_sessions_list_opens_past_heists(browser: Browser, server: Server) -> No
     assert page.inner_text("#sid") == sid and messages(page) == 6
     shot(page, "dashboard-narrow")
     assert page.evaluate("() => document.documentElement.scrollWidth") <= NARROW["width"]
+
+
+#: a crew of two, so that a heist of one round has two steps
+PAIR = (
+    "agents:\n"
+    "  - {name: boss, role: Planner, goal: Plan the job, tools: [calculator]}\n"
+    "  - {name: eye, role: Lookout, goal: Watch the street, tools: [file_reader]}\n"
+)
+
+#: a count of one with a plural noun: "1 steps", "0/1 branches"
+ONE_PLURAL = re.compile(r"(?<![\d.])1 (steps|rounds|agents|branches|tools|forward runs)\b")
+
+
+def test_counts_of_one_are_singular(browser: Browser, server: Server) -> None:
+    """The sessions list said "1 steps", the run's line "1 rounds", a fork of one branch
+    "(0/1 branches)" and "1 branches in this family", its diff "(1 steps differ)". A count of
+    one now takes the singular, any other count the plural."""
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        # stopped during the long pause after its first step: one step
+        one = c.post("/api/sessions", json={"config": PAIR, "rounds": 1, "step_delay": 10})
+        one = one.json()["session_id"]
+        wait_until(lambda: c.get(f"/api/sessions/{one}").json()["steps"] >= 1, what="a step")
+        assert c.post(f"/api/sessions/{one}/stop").status_code == 202
+        assert wait_status(c, one, {"stopped"})["steps"] == 1
+        two = c.post("/api/sessions", json={"config": PAIR, "rounds": 1, "step_delay": 0})
+        two = two.json()["session_id"]
+        assert wait_status(c, two, {"completed"})["steps"] == 2
+    page = new_page(browser)
+    page.goto(server.url + "/")
+    row = page.locator(f"#sessions button[data-session='{one}']")
+    row.wait_for()
+    assert "1 step ·" in row.inner_text(), row.inner_text()
+    assert "2 steps ·" in page.inner_text(f"#sessions button[data-session='{two}']")
+    assert not ONE_PLURAL.search(page.inner_text("#sessions"))
+
+    page.goto(f"{server.url}/#session={two}")
+    page.wait_for_selector("#lab:not([hidden])")
+    assert "2 agents · 1 round" in page.inner_text("#meta"), page.inner_text("#meta")
+    page.fill("#fork-at", "1")
+    page.select_option("#fork-do", "action")
+    page.fill("#fork-value", "A different last word.")
+    page.fill("#fork-n", "1")
+    page.click("#fork-form button[type=submit]")
+    page.wait_for_selector("#fork-rate", timeout=60_000)
+    assert re.search(r"\(\d/1 branch\)", page.inner_text("#fork-rate")), page.inner_text(
+        "#fork-rate"
+    )
+    page.wait_for_selector("#tree .note:has-text('1 branch in this family')")
+    page.locator("#tree li li button").first.click()
+    page.wait_for_selector("#diff .step")
+    assert "(1 step differs)" in page.inner_text("#diff"), page.inner_text("#diff")
+    text = page.inner_text("body")
+    assert not ONE_PLURAL.search(text), ONE_PLURAL.search(text)
+
+    page.goto(f"{server.url}/#session={one}")
+    page.reload()
+    page.wait_for_function("() => window.__car.ends > 0")
+    assert "2 agents · 1 round" in page.inner_text("#meta")
+    text = page.inner_text("body")
+    assert not ONE_PLURAL.search(text), ONE_PLURAL.search(text)
+    assert not page.errors  # type: ignore[attr-defined]
 
 
 def test_openapi_page_renders(browser: Browser, server: Server) -> None:

@@ -1,7 +1,8 @@
 """The dashboard as a demanding user and an attacker would use it, in a real Chromium against a
 real `car serve`: double clicks, keyboard focus during a live heist, switching sessions while
 answers are still on their way, a branch (never accused), an error quoting a very long word,
-a live stream whose server goes away or is busy, a sessions list refreshed while unfolded.
+a live stream whose server goes away or is busy (and what the page then says of the run), a
+sessions list refreshed while unfolded.
 
 CAR_OLD_STATIC=DIR serves the page's app.js/app.css from DIR instead (to check that a test fails
 on an older page: `git show HEAD:engine/server/static/app.js > DIR/app.js`)."""
@@ -293,6 +294,148 @@ def test_live_view_says_why_it_stopped(
         page.wait_for_timeout(4_000)
         assert len(answers) == tries, answers  # a refusal is not asked again
         assert answers[-1][1] == refusal, answers
+    assert not page.errors  # type: ignore[attr-defined]
+
+
+#: every control that acts on the open run
+RUN_CONTROLS = (
+    "#btn-pause",
+    "#btn-resume",
+    "#btn-stop",
+    "#btn-analyze",
+    "#btn-reveal",
+    "#btn-attribute",
+    "#fork-form button[type=submit]",
+)
+
+#: the run statuses the pill has a colour for
+STATUSES = ("recording", "paused", "completed", "stopped", "failed", "abandoned", "ok", "bad")
+
+
+def detail_answers(page: Page, sid: str) -> list[int]:
+    """The HTTP status of each answer to the page's requests for the session's detail."""
+    seen: list[int] = []
+    path = f"/api/sessions/{sid}"
+    page.on(
+        "response",
+        lambda r: seen.append(r.status) if r.url.split("?")[0].endswith(path) else None,
+    )
+    return seen
+
+
+def pill_claims_a_status(page: Page) -> list[str]:
+    """The statuses whose pill looks like the status pill does now (its colours)."""
+    return page.evaluate(  # type: ignore[no-any-return]
+        """statuses => {
+             const look = (node) => { const s = getComputedStyle(node);
+                                      return s.backgroundColor + "|" + s.color; };
+             const now = look(document.getElementById("status"));
+             return statuses.filter((st) => {
+               const probe = document.createElement("span");
+               probe.className = `pill ${st}`;
+               document.body.append(probe);
+               const same = look(probe) === now;
+               probe.remove();
+               return same;
+             });
+           }""",
+        list(STATUSES),
+    )
+
+
+@pytest.mark.parametrize("refusal", [404, 403])
+def test_run_is_unknown_once_the_live_view_stopped(
+    proxied_browser: Browser, tmp_path: Path, refusal: int
+) -> None:
+    """The live stream stops for good as above (404: another journal, 403: the proxy's name no
+    longer answered). The pill went on saying RECORDING and Pause and Stop stayed enabled,
+    though the page no longer knew what became of the run. Now the page asks the server for the
+    session once; as it does not say either (the same 404 or 403), the pill says UNKNOWN in no
+    status's colours and every control of the run is disabled, until a session is opened
+    again."""
+    port = free_port()
+    first = tmp_path / "first.db"
+    allow = ["--allow-host", PROXY_NAME]
+    page = new_page(proxied_browser)
+    with car_serve(first, *allow, "--workers", "0", port=port) as a:
+        with a.client() as c:
+            sid = start(c, rounds=40, step_delay=0.2)
+        answers = stream_answers(page, sid)
+        details = detail_answers(page, sid)
+        page.goto(f"http://{PROXY_NAME}:{port}/#session={sid}")
+        page.wait_for_function("() => window.__car.shown.length > 3", timeout=T)
+        page.wait_for_selector("#btn-pause:enabled", timeout=T)
+        assert page.get_attribute("#status", "class") == "pill recording"
+        assert details == [200], details
+    second, again = (first, []) if refusal == 403 else (tmp_path / "second.db", allow)
+    with car_serve(second, *again, "--workers", "0", port=port) as b:
+        pump_until(page, lambda: any(s == refusal for _, s in answers), 90, f"a {refusal}")
+        page.wait_for_selector("#status.unknown", timeout=10_000)
+        assert page.get_attribute("#status", "class") == "pill unknown"
+        assert page.inner_text("#status").lower() == "unknown"
+        assert pill_claims_a_status(page) == []
+        for control in RUN_CONTROLS:
+            assert page.is_disabled(control), control
+        assert page.is_hidden("#lab") and page.is_hidden("#live")
+        assert "stopped" in page.inner_text("#stream-note")
+        # a click on a disabled Reveal does nothing: no accusation, no mole
+        page.click(".badge[data-agent=intel]")
+        page.click("#btn-reveal", force=True)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-unknown-{refusal}.png"))
+        page.wait_for_timeout(3_000)
+        assert details == [200, refusal], details  # asked once, not again
+        assert page.locator("#verdict, .badge.mole").count() == 0
+        if refusal == 404:
+            # the list is loaded again: the new journal holds no such session
+            page.wait_for_selector(f"#sessions button[data-session='{sid}']", state="detached")
+            # opening a session again shows its own state, with its controls
+            with b.client() as c:
+                other = start(c, rounds=40, step_delay=0.2)
+            try:
+                page.evaluate(f"() => {{ location.hash = '#session={other}'; }}")
+                page.wait_for_selector("#btn-pause:enabled", timeout=T)
+                assert page.get_attribute("#status", "class") == "pill recording"
+                assert page.is_enabled("#btn-stop")
+            finally:
+                with b.client() as c:
+                    c.post(f"/api/sessions/{other}/stop")
+    assert not page.errors  # type: ignore[attr-defined]
+
+
+def test_stopped_live_view_shows_what_the_server_says(browser: Browser, server: Server) -> None:  # noqa: F811
+    """Something between the page and the server (a proxy) refuses the stream with 403 while
+    the server still answers the session, which was stopped meanwhile by another client. The
+    page kept saying RECORDING with Pause and Stop enabled; now it asks the server once and
+    shows what it says: STOPPED, no Pause or Stop, a run that may be accused and forked."""
+    with server.client() as c:
+        sid = start(c, rounds=40, step_delay=0.2)
+    page = new_page(browser)
+    held: list[Route] = []
+    page.route(f"**/api/sessions/{sid}/events*", lambda r: held.append(r))
+    details = detail_answers(page, sid)
+    try:
+        page.goto(f"{server.url}/#session={sid}")
+        pump_until(page, lambda: bool(held), 30, "the stream's request")
+        page.wait_for_selector("#btn-pause:enabled", timeout=T)
+        assert details == [200], details
+    finally:
+        with server.client() as c:
+            c.post(f"/api/sessions/{sid}/stop")
+            wait_status(c, sid, {"stopped"})
+    held[0].fulfill(status=403, content_type="application/json", body='{"error": "refused"}')
+    page.wait_for_selector("#stream-note:has-text('HTTP 403')", timeout=T)
+    page.wait_for_selector("#status.stopped", timeout=T)
+    assert page.get_attribute("#status", "class") == "pill stopped"
+    for control in ("#btn-pause", "#btn-resume", "#btn-stop"):
+        assert page.is_disabled(control), control
+    page.wait_for_selector("#btn-reveal:enabled", timeout=T)
+    page.wait_for_selector("#lab:not([hidden])", timeout=T)
+    assert page.is_enabled("#fork-form button[type=submit]")
+    page.wait_for_timeout(1_000)
+    assert details == [200, 200], details  # asked once after the refusal
+    assert len(held) == 1  # a refusal is not asked again
+    assert page.locator("#verdict, .badge.mole").count() == 0
     assert not page.errors  # type: ignore[attr-defined]
 
 

@@ -21,6 +21,10 @@ const S = {
   // streamOk: the live stream is connected (the dot shows only then); sessionsQueue: one
   // load of the sessions list at a time, in the order asked
   streamOk: false, sessionsQueue: Promise.resolve(),
+  // unknown: the live stream stopped for good and the server did not say what became of the
+  // run, so no control of it applies; forking, attributing: a fork or an attribution on its
+  // way (of whichever session: its button is not offered twice)
+  unknown: false, forking: false, attributing: false,
 };
 // what the server sent, duplicates included: the browser tests read it
 window.__car = { received: [], shown: [], resumedFrom: null, ends: 0 };
@@ -87,6 +91,8 @@ async function api(method, path, body) {
 function fmtPct(x) { return x === null || x === undefined ? "–" : `${Math.round(x * 100)}%`; }
 function fmt3(x) { return x === null || x === undefined ? "–" : Number(x).toFixed(3); }
 function short(text, n) { text = String(text ?? ""); return text.length > n ? text.slice(0, n - 1) + "…" : text; }
+// a count with its noun: "1 step", "2 steps", "0 branches"
+function plural(n, one, many) { return `${n} ${Number(n) === 1 ? one : many || `${one}s`}`; }
 
 // ------------------------------------------------------------------ sessions list
 
@@ -171,7 +177,7 @@ function fillSessionRow(li, s) {
   clear(btn);
   btn.append(
     el("span", { class: "row" }, el("code", {}, s.session_id), el("span", { class: `pill ${s.status}` }, s.status)),
-    el("span", { class: "row muted small" }, el("span", {}, `${s.steps} steps · ${time}`), outcome));
+    el("span", { class: "row muted small" }, el("span", {}, `${plural(s.steps, "step")} · ${time}`), outcome));
 }
 
 // ------------------------------------------------------------------ open a session
@@ -200,9 +206,9 @@ function resetView() {
   $("stream-note").hidden = true;
   Object.assign(S, { lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0, status: null,
     controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [], stats: {},
-    gen: S.gen + 1, pending: null, busy: false, branch: false, badgeKey: null });
+    gen: S.gen + 1, pending: null, busy: false, branch: false, badgeKey: null, unknown: false });
   // nothing applies until the new session's state is known
-  for (const id of ["btn-pause", "btn-resume", "btn-stop", "btn-analyze", "btn-reveal"]) $(id).disabled = true;
+  syncButtons();
   window.__car.received = []; window.__car.shown = []; window.__car.resumedFrom = null;
   for (const id of ["feed", "badges", "analysis", "reveal", "tool-stats", "outcome", "attribution", "fork-result", "tree", "diff"]) clear($(id));
   $("attribution").append(el("p", { class: "muted" }, "Counterfactual forward runs rank each step by how often re-deciding it rescues the heist."));
@@ -249,7 +255,7 @@ function applyDetail(d) {
   S.rounds = d.rounds || 0;
   S.branch = !!d.parent_run_id;
   setStatus(d.status);
-  $("meta").textContent = `policy ${d.policy || "?"} · ${S.agents.length} agents · ${d.rounds ?? "?"} rounds`
+  $("meta").textContent = `policy ${d.policy || "?"} · ${plural(S.agents.length, "agent")} · ${plural(d.rounds ?? "?", "round")}`
     + (d.parent_run_id ? ` · branch of ${d.parent_run_id} at step ${d.fork_step}` : "");
   renderBadges();
   if (d.outcome || !LIVE.has(d.status)) renderOutcome(d);
@@ -260,7 +266,8 @@ function applyDetail(d) {
 // status of a reconnect that failed nor tries again after one, so the page could say nothing
 // and the dot stayed on. Here a refusal (403, 404, any other 4xx) stops the stream, a busy or
 // failing server (429, 5xx) and a lost connection are tried again after Retry-After or a
-// back-off (1, 2, 4 … 30 s), and the note under the card's title says which and why.
+// back-off (1, 2, 4 … 30 s), and the note under the card's title says which and why. Once
+// stopped, the page no longer knows the run's state: it asks the server once (recheck).
 const STREAM_WORDS = {
   0: "the server is not reachable", 403: "the server refused it", 404: "the server does not know this session",
   429: "the server is busy", 500: "the server failed", 502: "the server is not reachable",
@@ -304,6 +311,7 @@ function connect(sid) {
     if (wait === null) {
       S.stream = null;
       streamNote(`Live view stopped: ${why}. Reload the page to try again.`);
+      recheck(sid, gen);
       return;
     }
     streamNote(`Live view interrupted: ${why}; retrying in ${wait} s.`);
@@ -362,6 +370,35 @@ function connect(sid) {
     loadSessions(false);
   }
   attempt();
+}
+
+// the live stream stopped for good: the status shown and the controls offered may be stale, so
+// the server is asked once for the session; when it answers, the page shows what it says, else
+// the run's state is unknown and no control of it applies until a session is opened again (the
+// sessions list, which may still say "recording", is loaded again too)
+async function recheck(sid, gen) {
+  const r = await api("GET", `/api/sessions/${encodeURIComponent(sid)}`);
+  if (S.gen !== gen) return;
+  if (r.ok) {
+    applyDetail(r.data);
+    showLab();
+  } else {
+    setUnknown();
+  }
+  loadSessions(false);
+}
+
+function setUnknown() {
+  Object.assign(S, { unknown: true, status: null, controllable: false, pending: null });
+  const pill = $("status");
+  pill.textContent = "unknown";
+  pill.className = "pill unknown";
+  pill.title = "The live view stopped and the server did not say what became of this run.";
+  $("progress-bar").style.background = "";
+  $("progress-bar").className = "unknown";
+  $("lab").hidden = true;
+  syncLive();
+  syncButtons();
 }
 
 // Server-Sent Events from a response body: onEvent(type, data) for each event ("ping" for a
@@ -495,6 +532,8 @@ function setStatus(status) {
   const pill = $("status");
   pill.textContent = status;
   pill.className = `pill ${status}`;
+  pill.removeAttribute("title");
+  $("progress-bar").className = "";
   const live = LIVE.has(status);
   if (!live) S.pending = null;
   syncLive();
@@ -504,9 +543,10 @@ function setStatus(status) {
 }
 
 // what each button may do now: a control already requested (double click) or one on its way
-// is not sent twice, a branch or a run still live is not accused, nor one accused already
+// is not sent twice, a branch or a run still live is not accused, nor one accused already;
+// nothing applies to a run whose state is unknown (its status is null then)
 function syncButtons() {
-  const status = S.status, live = LIVE.has(status), ctl = S.controllable && !S.busy;
+  const status = S.status, live = LIVE.has(status), ctl = S.controllable && !S.busy && !S.unknown;
   const stopping = S.pending === "stop";
   $("btn-pause").disabled = !(ctl && status === "recording" && !S.pending);
   $("btn-resume").disabled = !(ctl && status === "paused" && !S.pending);
@@ -514,7 +554,9 @@ function syncButtons() {
   // rules and llm read a live run's steps so far; causal and replay need it ended (the
   // server says so if asked)
   $("btn-analyze").disabled = !S.sid || !status || $("btn-analyze").textContent !== "Analyze behaviour";
-  $("btn-reveal").disabled = !status || live || !!S.verdict || S.busy || S.branch;
+  $("btn-reveal").disabled = !status || live || !!S.verdict || S.busy || S.branch || S.unknown;
+  $("btn-attribute").disabled = S.attributing || S.unknown;
+  $("fork-form").querySelector("button[type=submit]").disabled = S.forking || S.unknown;
   if (S.branch && !S.verdict) $("suspect-line").textContent = "A branch is not accused: the accusation is its game's.";
 }
 
@@ -542,7 +584,7 @@ function renderBadges() {
     b.classList.toggle("suspect", S.suspect === a);
     b.classList.toggle("mole", !!(S.verdict && S.verdict.mole === a));
     b.setAttribute("aria-pressed", S.suspect === a ? "true" : "false");
-    const text = st ? `${st.ok}/${st.calls} tools ok` : "no tools yet";
+    const text = st ? `${st.ok}/${plural(st.calls, "tool")} ok` : "no tools yet";
     if (b._tools.textContent !== text) b._tools.textContent = text;
   }
 }
@@ -620,7 +662,7 @@ async function analyze() {
   btn.textContent = "Analyzing…";
   const r = await api("POST", "/api/ai-detect/analyze", { session_id: sid, method: $("method").value });
   btn.textContent = "Analyze behaviour";
-  btn.disabled = !S.sid || !S.status;
+  syncButtons();
   if (S.gen !== gen) return;
   if (!r.ok) { toast(errorText(r, "analysis failed"), true); return; }
   renderAnalysis(r.data);
@@ -673,7 +715,7 @@ function renderAnalysis(a) {
 // ------------------------------------------------------------------ reveal
 
 async function reveal() {
-  if (S.busy || S.verdict) return;
+  if (S.busy || S.verdict || S.unknown) return;
   const gen = S.gen;
   S.busy = true; syncButtons();
   const r = await api("POST", `/api/sessions/${encodeURIComponent(S.sid)}/accuse`, { suspect: S.suspect });
@@ -719,7 +761,7 @@ function renderOutcome(d) {
 }
 
 function showLab() {
-  if (LIVE.has(S.status)) return;
+  if (!S.status || LIVE.has(S.status)) return;
   $("lab").hidden = false;
   $("fork-at").max = Math.max(0, S.stepsEl.size - 1);
   loadTree();
@@ -742,12 +784,12 @@ async function loadTree() {
     const kids = node.children || [];
     const shown = kids.slice(0, 12);
     if (shown.length) li.append(el("ul", {}, shown.map((c) => render(c, depth + 1))));
-    if (kids.length > shown.length) li.append(el("div", { class: "more" }, `… and ${kids.length - shown.length} more branches`));
+    if (kids.length > shown.length) li.append(el("div", { class: "more" }, `… and ${plural(kids.length - shown.length, "more branch", "more branches")}`));
     return li;
   };
   box.append(el("ul", {}, render(r.data, 0)));
   const n = r.data.descendants || 0;
-  box.append(el("p", { class: "note" }, n ? `${n} branches in this family; click one to diff it against its parent.` : "No branches yet: fork one above."));
+  box.append(el("p", { class: "note" }, n ? `${plural(n, "branch", "branches")} in this family; click one to diff it against its parent.` : "No branches yet: fork one above."));
 }
 
 async function showDiff(branch) {
@@ -759,7 +801,7 @@ async function showDiff(branch) {
   if (!r.ok) { toast(errorText(r, "diff failed"), true); return; }
   const d = r.data;
   box.append(el("p", {}, el("strong", {}, `Branch ${d.session_id}`), ` vs parent ${d.parent_id}: forked at step ${d.fork_step}, `,
-    d.first_diverging_step === null ? "no message differs." : `first diverging step ${d.first_diverging_step} (${d.differing_steps} steps differ).`,
+    d.first_diverging_step === null ? "no message differs." : `first diverging step ${d.first_diverging_step} (${plural(d.differing_steps, "step differs", "steps differ")}).`,
     " ", el("button", { type: "button", class: "btn small", onclick: () => openSession(d.session_id) }, "open branch")));
   for (const s of d.steps.slice(0, 8)) {
     const p = el("div", { class: "step" }, el("div", { class: "muted small" }, `step ${s.step} · ${s.agent}`));
@@ -775,11 +817,12 @@ async function showDiff(branch) {
 
 async function attribute() {
   const btn = $("btn-attribute");
-  btn.disabled = true;
+  if (S.attributing || S.unknown) return;
+  S.attributing = true; syncButtons();
   btn.textContent = "Running forward runs…";
   const sid = S.sid, gen = S.gen;
   const r = await api("POST", `/api/sessions/${encodeURIComponent(sid)}/attribution`, { method: "contrastive" });
-  btn.disabled = false;
+  S.attributing = false; syncButtons();
   btn.textContent = "Attribute failure";
   if (S.gen !== gen) return;
   if (!r.ok) { toast(errorText(r, "attribution failed"), true); return; }
@@ -800,8 +843,8 @@ async function attribute() {
   }
   box.append(chart);
   box.append(el("p", { class: "note" }, d.locus === null || d.locus === undefined
-    ? `No step's interval excludes zero. ${d.forward_runs} forward runs.`
-    : `Causal locus (point of commitment): step ${d.locus} (${d.locus_agent}). ${d.forward_runs} forward runs. Bars: |effect| with its 95% interval.`));
+    ? `No step's interval excludes zero. ${plural(d.forward_runs, "forward run")}.`
+    : `Causal locus (point of commitment): step ${d.locus} (${d.locus_agent}). ${plural(d.forward_runs, "forward run")}. Bars: |effect| with its 95% interval.`));
   loadTree();
 }
 
@@ -811,20 +854,19 @@ async function fork(ev) {
   const v = $("fork-value").value;
   if (v.trim() !== "") body.value = v;
   const box = $("fork-result");
-  const submit = $("fork-form").querySelector("button[type=submit]");
-  if (submit.disabled) return;
+  if (S.forking || S.unknown) return;
   clear(box);
-  box.append(el("p", { class: "muted" }, `Running ${body.n} branches…`));
+  box.append(el("p", { class: "muted" }, `Running ${plural(body.n, "branch", "branches")}…`));
   const gen = S.gen;
-  submit.disabled = true;  // a double click would run every branch twice
+  S.forking = true; syncButtons();  // a double click would run every branch twice
   const r = await api("POST", `/api/sessions/${encodeURIComponent(S.sid)}/fork`, body);
-  submit.disabled = false;
+  S.forking = false; syncButtons();
   if (S.gen !== gen) return;
   clear(box);
   if (!r.ok) { toast(errorText(r, "fork failed"), true); return; }
   const d = r.data;
   const rate = el("div", { class: "rate", id: "fork-rate" },
-    el("strong", {}, `do_${d.op}(${d.at})`), `: bad rate ${fmt3(d.bad_rate)} (${d.bad}/${d.scored} branches), 95% CI [${fmt3(d.ci && d.ci[0])}, ${fmt3(d.ci && d.ci[1])}]`,
+    el("strong", {}, `do_${d.op}(${d.at})`), `: bad rate ${fmt3(d.bad_rate)} (${d.bad}/${plural(d.scored, "branch", "branches")}), 95% CI [${fmt3(d.ci && d.ci[0])}, ${fmt3(d.ci && d.ci[1])}]`,
     ` · factual outcome ${d.factual_bad ? "bad" : "ok"}`);
   const bad = d.scored ? (100 * d.bad) / d.scored : 0;
   rate.append(el("div", { class: "dist", title: "bad / ok branches" },
