@@ -73,6 +73,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_open.py",
         "tests/test_journal_rows.py",
         "tests/test_journal_packed.py",
+        "tests/test_journal_lock.py",
     ],
     "engine/verify.py": [
         "tests/test_known_answers.py",
@@ -95,6 +96,35 @@ MODULES: dict[str, list[str]] = {
     "engine/replay.py": [
         "tests/test_replay_match.py",
         "tests/test_replay_mutants.py",
+        "tests/test_context_overflow.py",
+        "tests/test_mutants_fidelity.py",
+    ],
+    # the policy's requests go to small local HTTP servers (test_mutants_overflow.py,
+    # test_llm_faults.py) and the journal (test_context_overflow.py); the real small-context
+    # server's tests are left out
+    "engine/policies/openai_policy.py": [
+        "tests/test_mutants_overflow.py",
+        "tests/test_context_overflow.py",
+        "tests/test_llm_faults.py",
+    ],
+    "engine/policies/base.py": [
+        "tests/test_context_overflow.py",
+    ],
+    # test_program_concurrent.py's recordings against a real llama server are left out
+    # (DESELECT); its reordering server's two tests stay
+    "engine/program/matching.py": [
+        "tests/test_mutants_matching.py",
+        "tests/test_program_matching.py",
+        "tests/test_program_concurrent.py",
+    ],
+    # the servers' tests reach the executor in `car serve`'s process only: the mutation runs
+    # see what runs in the test's own (test_mutants_executor.py)
+    "engine/executors/local.py": [
+        "tests/test_mutants_executor.py",
+        "tests/test_server_workers.py",
+    ],
+    "engine/projections.py": [
+        "tests/test_cli_endings.py",
     ],
     "engine/interventions.py": [
         "tests/test_interventions_mutants.py",
@@ -201,6 +231,30 @@ MODULES: dict[str, list[str]] = {
 # Slow tests of the files above, left out per module (each costs a minute or more a mutant;
 # what they check is also checked by a faster test of the same list).
 DESELECT: dict[str, list[str]] = {
+    # a real llama.cpp server (a model server: minutes to start and to answer, a mutant)
+    **{
+        module: [
+            "tests/test_context_overflow.py::"
+            "test_the_policy_leaves_out_the_oldest_history_until_the_request_fits",
+            "tests/test_context_overflow.py::test_a_request_that_cannot_fit_fails_in_one_line",
+            "tests/test_context_overflow.py::"
+            "test_a_heist_that_cannot_fit_does_not_print_the_servers_token_counts",
+        ]
+        for module in (
+            "engine/replay.py",
+            "engine/policies/openai_policy.py",
+            "engine/policies/base.py",
+        )
+    },
+    "engine/program/matching.py": [
+        "tests/test_program_concurrent.py::test_replay_in_another_order_answers_each_request_its_own",
+        "tests/test_program_concurrent.py::"
+        "test_exact_mode_still_stops_a_request_that_was_never_recorded",
+        "tests/test_program_concurrent.py::"
+        "test_position_mode_answers_a_changed_request_by_its_position",
+        "tests/test_program_concurrent.py::"
+        "test_fork_after_the_concurrent_calls_replays_them_in_another_order",
+    ],
     "engine/verify.py": [
         "tests/test_journal_verify.py::test_anchor_cli_round_trip",
         "tests/test_journal_verify.py::test_verify_and_readers_never_write",
@@ -316,7 +370,11 @@ def equivalents() -> dict[str, str]:
     return out
 
 
-_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|WHERE|ORDER BY|VALUES|AND|PRAGMA)\b", re.I)
+_SQL = re.compile(
+    r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|WHERE|ORDER BY|VALUES|AND|PRAGMA"
+    r"|BEGIN|COMMIT|ROLLBACK)\b",
+    re.I,
+)
 
 
 def sql_case_only(diff: str) -> bool:

@@ -105,3 +105,38 @@ def test_runs_and_show_agree_on_the_outcome_of_every_ending(tmp_path: Path) -> N
             assert row["status"] == "completed" and "bad" in row["outcome"]
         else:
             assert row["status"] == "stopped" and row["outcome"] is None
+
+
+def test_the_listing_gives_each_endings_outcome(tmp_path: Path) -> None:
+    """The listing `car runs` and `car show` print, read in this process: a completed run's
+    outcome even when empty, none for a run that stopped or failed without one, and the one a
+    run that stopped or failed with one (a recorded program's exit status) ended with."""
+    from engine import events as ev
+    from engine.projections import list_runs
+
+    endings = {
+        "completed, an outcome": ("completed", {"bad": True}),
+        "completed, none": ("completed", {}),
+        "stopped, none": ("stopped", {}),
+        "failed, none": ("failed", {}),
+        "failed, an exit status": ("failed", {"exit_code": 3}),
+        "stopped, an exit status": ("stopped", {"exit_code": -15}),
+    }
+    with Journal(tmp_path / "j.db") as j:
+        for label, (status, outcome) in endings.items():
+            run = j.create_run("test", label=label)
+            j.append(run, [ev.RunEnded(status=status, outcome=outcome)], 0)
+        open_run = j.create_run("test", label="recording")
+        j.append(open_run, [ev.ChatMessage(step=0, agent="a", text="hi")], 0)
+        rows, unreadable = list_runs(j, include_branches=False, limit=10)
+    assert not unreadable
+    got = {r["label"]: (r["status"], r["outcome"]) for r in rows}
+    assert got == {
+        "completed, an outcome": ("completed", {"bad": True}),
+        "completed, none": ("completed", {}),
+        "stopped, none": ("stopped", None),
+        "failed, none": ("failed", None),
+        "failed, an exit status": ("failed", {"exit_code": 3}),
+        "stopped, an exit status": ("stopped", {"exit_code": -15}),
+        "recording": ("recording", None),
+    }

@@ -75,6 +75,13 @@ def test_trim_history_keeps_the_system_prompt_and_the_turns_prompt() -> None:
     assert history_length([{"role": "system", "content": "s"}]) == 0
 
 
+def test_trim_history_leaves_out_one_message_when_asked_for_one() -> None:
+    """The policy's first retry of a short history leaves out one message: the oldest."""
+    messages = [{"role": "system", "content": "s"}, *_history(2), {"role": "user", "content": "t"}]
+    assert trim_history(messages, 1) == [messages[0], messages[2], messages[3]]
+    assert trim_history(messages, -1) is messages
+
+
 @pytest.mark.parametrize(
     ("body", "overflow"),
     [
@@ -230,6 +237,13 @@ def test_a_recorded_call_that_left_out_more_than_the_history_is_a_divergence(
         )
         with pytest.raises(ReplayDivergence, match="left out 3 messages of a history of 2"):
             _view_and_messages(scenario, bad, run)
+        # the whole history left out: the system prompt and the turn's prompt
+        whole = RecordedStep(
+            step.step, step.agent, step.state, msgspec.structs.replace(step.call, dropped=2)
+        )
+        _, messages = _view_and_messages(scenario, whole, run)
+        rendered = scenario.messages(scenario.view(step.state, run))
+        assert messages == [rendered[0], rendered[-1]] and len(rendered) == 4
 
 
 def test_a_policy_that_says_it_left_out_more_than_it_was_given_fails_the_step(

@@ -14,7 +14,7 @@ import pytest
 
 from engine import events as ev
 from engine import journal as journal_mod
-from engine.errors import JournalError
+from engine.errors import JournalBusy, JournalError
 from engine.journal import Journal
 from engine.verify import verify_journal
 
@@ -135,3 +135,39 @@ def test_readers_read_on_while_a_writer_waits_for_another_process(
         t.join(timeout=30)
         assert done and not t.is_alive()
         assert verify_journal(j).ok
+
+
+def test_a_writer_follows_a_release_within_its_poll_interval(tmp_path: Path) -> None:
+    """The wait polls every 50 us to 1 ms: a lock let go after 0.5 s is taken well before
+    0.75 s (a first pause of a second, or pauses that keep doubling past 1 ms, come back
+    late)."""
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run, head = _one_step(j, False)
+        other = _hold_lock(path)
+        release = threading.Timer(0.5, lambda: other.execute("COMMIT"))
+        release.start()
+        t0 = time.perf_counter()
+        j.append(run, _say(1), head)
+        waited = time.perf_counter() - t0
+        release.join()
+        other.close()
+        assert 0.49 <= waited < 0.75
+
+
+def test_a_writer_that_gives_up_says_the_journal_is_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_mod, "BUSY_TIMEOUT_S", 0.2)
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run, head = _one_step(j, False)
+        other = _hold_lock(path)
+        try:
+            with pytest.raises(JournalBusy) as e:
+                j.append(run, _say(1), head)
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert str(e.value) == f"cannot write to journal {str(path)!r}: database is locked"
+        assert j.append(run, _say(1), head) == 2
