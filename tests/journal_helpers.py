@@ -77,3 +77,16 @@ def fresh_pg_database(pg_url: str, prefix: str) -> str:
     with psycopg.connect(admin, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     return url.set(database=name).render_as_string(hide_password=False)
+
+
+def run_count(path: Path) -> int:
+    """How many runs the journal at `path` holds (a refused fork adds none, not even a
+    half-written one)."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        (n,) = db.execute("SELECT COUNT(*) FROM runs").fetchone()
+        return int(n)
+    finally:
+        db.close()

@@ -85,3 +85,21 @@ def scripted_server(reply: Reply) -> Iterator[Scripted]:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def planner_view() -> Any:
+    """A minimal AgentView for calling a policy directly (its fields but the messages unused
+    by the openai policy)."""
+    from engine.policies.base import AgentView
+
+    return AgentView(
+        run_id="r",
+        step=0,
+        round=0,
+        agent="planner",
+        role="planner",
+        system_prompt="You plan.",
+        agents=("planner",),
+        transcript=(),
+        observations=(),
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from llm_helpers import planner_view
 
 from engine import events as ev
 from engine.errors import PolicyError, ReplayDivergence
@@ -45,20 +46,6 @@ def _history(n: int) -> list[dict[str, str]]:
         {"role": "user", "content": f"agent{i % 6}: the guard gap is 01:{i:02d}-01:{i + 20:02d}"}
         for i in range(n)
     ]
-
-
-def _view() -> AgentView:
-    return AgentView(
-        run_id="r",
-        step=0,
-        round=0,
-        agent="planner",
-        role="planner",
-        system_prompt="You plan.",
-        agents=("planner",),
-        transcript=(),
-        observations=(),
-    )
 
 
 # ------------------------------------------------------------------ trimming, by itself
@@ -139,7 +126,7 @@ def test_the_policy_leaves_out_the_oldest_history_until_the_request_fits(
         {"role": "user", "content": "Reply as planner."},
     ]
     policy = OpenAIPolicy(small_server, max_tokens=4, timeout=120)
-    done = policy.decide(_view(), messages, seed=1)
+    done = policy.decide(planner_view(), messages, seed=1)
     assert 0 < done.dropped < 40
     # what was answered fits, and the step before it (one message more) did not have to
     assert done.prompt_tokens < SMALL_CTX
@@ -156,7 +143,7 @@ def test_a_request_that_cannot_fit_fails_in_one_line(small_server: str) -> None:
     ]
     policy = OpenAIPolicy(small_server, max_tokens=4, timeout=120)
     with pytest.raises(PolicyError, match="even without its 3 history messages") as caught:
-        policy.decide(_view(), messages, seed=1)
+        policy.decide(planner_view(), messages, seed=1)
     assert "\n" not in str(caught.value)
 
 

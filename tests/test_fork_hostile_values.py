@@ -9,7 +9,6 @@ journal. Real journals recorded with the embedded sim policy (the seed-7 heist o
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -17,17 +16,7 @@ import pytest
 from engine.errors import InterventionError
 from engine.interventions import MAX_BRANCHES, DoResample, fork_many
 from engine.journal import Journal
-from tests.journal_helpers import car
-
-
-def children(path: Path, run: str) -> int:
-    """How many runs the journal holds (a refused fork adds none, not even a half-written one)."""
-    db = sqlite3.connect(path)
-    try:
-        (n,) = db.execute("SELECT COUNT(*) FROM runs").fetchone()
-        return int(n)
-    finally:
-        db.close()
+from tests.journal_helpers import car, run_count
 
 
 def refused(proc: object, flag: str, words: str) -> None:
@@ -47,11 +36,11 @@ def test_branches_past_the_bound_are_refused_before_any_work(
     as a bad flag value before the run is even looked at (here: a step it does not have, which
     the old code reported first, with exit 1)."""
     path, run = failed_heist
-    before = children(path, run)
+    before = run_count(path)
     for n in (str(MAX_BRANCHES + 1), str(10**11)):
         p = car(path, "fork", run, "--at", "999", "--do", "resample", "-n", n)
         refused(p, "'--branches'", "100000")
-    assert children(path, run) == before
+    assert run_count(path) == before
     # the library call is bounded too (the server forks through it)
     with Journal(path) as j, pytest.raises(InterventionError, match="number of branches"):
         fork_many(j, run, DoResample(999), 10**11)
@@ -69,11 +58,11 @@ def test_a_negative_seed_is_a_bad_flag_value_as_everywhere_else(
 ) -> None:
     """`car fork --seed -1` ran (every other command refuses a seed outside 0..2^63-1)."""
     path, run = failed_heist
-    before = children(path, run)
+    before = run_count(path)
     for seed in ("-1", str(2**63)):
         p = car(path, "fork", run, "--at", "22", "--do", "resample", "-n", "1", "--seed", seed)
         refused(p, "'--seed'", "")
-    assert children(path, run) == before
+    assert run_count(path) == before
 
 
 def test_an_empty_value_file_is_named_as_such(
@@ -84,11 +73,11 @@ def test_an_empty_value_file_is_named_as_such(
     path, run = failed_heist
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    before = children(path, run)
+    before = run_count(path)
     for op in ("action", "resample"):
         p = car(path, "fork", run, "--at", "3", "--do", op, "--value-file", str(empty), "-n", "1")
         refused(p, "'--value-file'", "is empty")
-    assert children(path, run) == before
+    assert run_count(path) == before
 
 
 def test_the_same_fork_twice_adds_branches_with_the_same_outcomes_as_documented(

@@ -18,14 +18,13 @@ one accepted fork through the CLI; the other forks run sim, or fail fast against
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from journal_helpers import ROOT, car
+from journal_helpers import ROOT, car, run_count
 from servers import free_port
 
 from engine import events as ev
@@ -103,15 +102,6 @@ def fork_many_branch(j: Journal, run: str) -> str:
     return child.run_id
 
 
-def runs(path: Path) -> int:
-    db = sqlite3.connect(path)
-    try:
-        (n,) = db.execute("SELECT COUNT(*) FROM runs").fetchone()
-        return int(n)
-    finally:
-        db.close()
-
-
 def closed_port_url() -> str:
     """An OpenAI base URL nothing listens on: a call there fails at once."""
     return f"http://127.0.0.1:{free_port()}/v1"
@@ -160,7 +150,7 @@ def test_a_fork_after_a_swap_to_sim_refuses_server_flags(family: Family) -> None
     """--base-url on a fork of the openai->sim branch at step 1, decided by sim: refused before
     any branch is made, naming sim, the step and the swap (it was accepted, as the root's
     openai takes it, and silently ignored by sim)."""
-    before = runs(family.path)
+    before = run_count(family.path)
     with pytest.raises(InterventionError) as e:
         fork(
             family.journal,
@@ -173,7 +163,7 @@ def test_a_fork_after_a_swap_to_sim_refuses_server_flags(family: Family) -> None
     assert msg.startswith("--base-url does not apply to policy sim (")
     assert "step 1" in msg and family.to_sim in msg and "sim at step 0" in msg
     assert "\n" not in msg
-    assert runs(family.path) == before
+    assert run_count(family.path) == before
 
 
 def test_a_fork_at_the_swap_step_checks_the_runs_own_policy(family: Family) -> None:
@@ -261,7 +251,7 @@ def test_cli_fork_after_the_swap_with_a_server_flag(family: Family) -> None:
 def test_cli_refuses_a_server_flag_where_sim_decides(family: Family) -> None:
     """`car fork` of the openai->sim branch after its swap with --base-url: one `error:` line
     naming the policy in force, exit 1, no branch (it ran branches that ignored the flag)."""
-    before = runs(family.path)
+    before = run_count(family.path)
     p = car(
         family.path,
         "fork", family.to_sim, "--at", "1", "--do", "resample", "-n", "1",
@@ -272,7 +262,7 @@ def test_cli_refuses_a_server_flag_where_sim_decides(family: Family) -> None:
     assert len(lines) == 1, p.stderr
     assert lines[0].startswith("error: --base-url does not apply to policy sim ("), lines[0]
     assert family.to_sim in lines[0] and "Traceback" not in p.stderr
-    assert runs(family.path) == before
+    assert run_count(family.path) == before
 
 
 # ------------------------------------------------------------------ fidelity

@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from llm_helpers import completion, scripted_server
+from llm_helpers import completion, planner_view, scripted_server
 
 from engine.errors import PolicyError
-from engine.policies.base import AgentView
 from engine.policies.openai_policy import OpenAIPolicy, is_overflow
 
 LLAMA_CPP = {
@@ -30,20 +29,6 @@ OPENAI = {
         "code": "context_length_exceeded",
     }
 }
-
-
-def _view() -> AgentView:
-    return AgentView(
-        run_id="r",
-        step=0,
-        round=0,
-        agent="planner",
-        role="planner",
-        system_prompt="You plan.",
-        agents=("planner",),
-        transcript=(),
-        observations=(),
-    )
 
 
 def _messages(history: int) -> list[dict[str, str]]:
@@ -71,7 +56,9 @@ def test_the_history_is_left_out_a_quarter_of_what_is_left_at_a_time() -> None:
     left out in turn (a quarter of what is left, rounded up), the oldest first."""
     messages = _messages(40)
     with scripted_server(_fits(11)) as srv:
-        done = OpenAIPolicy(srv.url, max_retries=0, timeout=30).decide(_view(), messages, seed=4)
+        done = OpenAIPolicy(srv.url, max_retries=0, timeout=30).decide(
+            planner_view(), messages, seed=4
+        )
     assert [len(r["messages"]) for r in srv.requests] == [42, 32, 24, 18, 14, 11]
     assert done.dropped == 31 and done.text == "11 messages" and done.prompt_tokens == 11
     assert srv.requests[-1]["messages"] == [messages[0], *messages[32:]]
@@ -85,7 +72,9 @@ def test_each_way_of_saying_too_long_is_answered_with_less_history(
     status: int, body: dict[str, Any]
 ) -> None:
     with scripted_server(_fits(3, status, body)) as srv:
-        done = OpenAIPolicy(srv.url, max_retries=0, timeout=30).decide(_view(), _messages(2), 1)
+        done = OpenAIPolicy(srv.url, max_retries=0, timeout=30).decide(
+            planner_view(), _messages(2), 1
+        )
     assert [len(r["messages"]) for r in srv.requests] == [4, 3]
     assert done.dropped == 1
 
@@ -93,7 +82,7 @@ def test_each_way_of_saying_too_long_is_answered_with_less_history(
 def test_a_request_that_fits_is_sent_whole_once() -> None:
     messages = _messages(5)
     with scripted_server(_fits(7)) as srv:
-        done = OpenAIPolicy(srv.url, max_retries=2, timeout=30).decide(_view(), messages, 1)
+        done = OpenAIPolicy(srv.url, max_retries=2, timeout=30).decide(planner_view(), messages, 1)
     assert srv.requests == [srv.requests[0]] and srv.requests[0]["messages"] == messages
     assert done.dropped == 0 and done.text == "7 messages"
 
@@ -102,7 +91,7 @@ def test_a_request_that_never_fits_fails_once_the_history_is_gone() -> None:
     with scripted_server(_fits(1)) as srv:
         policy = OpenAIPolicy(srv.url, max_retries=2, timeout=30)
         with pytest.raises(PolicyError) as caught:
-            policy.decide(_view(), _messages(3), 1)
+            policy.decide(planner_view(), _messages(3), 1)
     assert [len(r["messages"]) for r in srv.requests] == [5, 4, 3, 2]
     assert str(caught.value) == (
         f"LLM server {srv.url!r} refused the request as longer than its context even without"
@@ -116,7 +105,7 @@ def test_without_history_a_refusal_is_final_at_once() -> None:
         scripted_server(_fits(1)) as srv,
         pytest.raises(PolicyError, match="even without its 0 history messages"),
     ):
-        OpenAIPolicy(srv.url, timeout=30).decide(_view(), _messages(0), 1)
+        OpenAIPolicy(srv.url, timeout=30).decide(planner_view(), _messages(0), 1)
     assert len(srv.requests) == 1
 
 
@@ -136,7 +125,7 @@ def test_other_refusals_are_not_answered_with_less_history(
     with scripted_server(_fits(0, status, body)) as srv:
         policy = OpenAIPolicy(srv.url, max_retries=1, timeout=30)
         with pytest.raises(PolicyError, match=f"answered HTTP {status}") as caught:
-            policy.decide(_view(), _messages(4), 1)
+            policy.decide(planner_view(), _messages(4), 1)
     assert [len(r["messages"]) for r in srv.requests] == [6] * sent
     assert "history" not in str(caught.value)
 
@@ -167,7 +156,7 @@ def test_the_request_carries_the_policys_settings_and_the_seed() -> None:
     messages = _messages(1)
     with scripted_server(_fits(9)) as srv:
         OpenAIPolicy(srv.url, "mini", temperature=0.3, max_tokens=7, timeout=30).decide(
-            _view(), messages, seed=12
+            planner_view(), messages, seed=12
         )
     (sent,) = srv.requests
     assert sent == {
