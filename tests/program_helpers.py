@@ -139,9 +139,11 @@ class ReorderingServer(CannedServer):
     """A canned server that answers the first chat completion it gets only once the next one
     has been answered: two calls in flight together are answered in the reverse of the order
     they came in, as a server that serves requests side by side may (llama.cpp's answers one
-    at a time, in arrival order). A first call left alone is answered after `hold` seconds."""
+    at a time, in arrival order). A first call left alone is answered after `hold` seconds
+    (long: under a heavy load the second call has taken over 10 s to come, and the first was
+    then answered first)."""
 
-    def __init__(self, hold: float = 10.0) -> None:
+    def __init__(self, hold: float = 60.0) -> None:
         super().__init__()
         self.RequestHandlerClass = _ReorderingHandler
         self.hold = hold
