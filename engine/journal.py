@@ -559,7 +559,7 @@ class Journal:
             try:
                 if self.is_sqlite and not begun:
                     if self.parallel_writers:
-                        self._poll_write_lock(cur)
+                        self._poll_begin(let_go=False)
                     else:
                         cur.execute("BEGIN IMMEDIATE")
                 yield cur
@@ -598,26 +598,39 @@ class Journal:
             self._lock.acquire()
             self._begun = False
             return True
-        if not self.is_sqlite or self._lock._is_owned():  # type: ignore[attr-defined]
-            self._lock.acquire()
+        owned = self._lock._is_owned()  # type: ignore[attr-defined]
+        self._lock.acquire()
+        if not self.is_sqlite or owned:
             return False
+        try:
+            self._poll_begin(let_go=True)
+        except BaseException as e:
+            self._lock.release()
+            if isinstance(e, self._db_errors):
+                raise self._driver_failure(e, "write to") from e
+            raise
+        return True
+
+    def _poll_begin(self, *, let_go: bool) -> None:
+        """BEGIN IMMEDIATE on SQLite, polling for the write lock every 50 us to 1 ms (SQLite's
+        own busy handler first waits 1 ms, then 2, 5, 10..., where a branch's transaction holds
+        the lock for a tenth of that) until BUSY_TIMEOUT_S, then its SQLITE_BUSY error. With
+        `let_go`, the thread lock, held once by the caller, is let go while it waits."""
         delay = 0.00005
         deadline = time.monotonic() + BUSY_TIMEOUT_S
         while True:
-            self._lock.acquire()
-            try:
-                busy = self._try_begin()
-            except BaseException as e:
-                self._lock.release()
-                if isinstance(e, self._db_errors):
-                    raise self._driver_failure(e, "write to") from e
-                raise
+            busy = self._try_begin()
             if busy is None:
-                return True
-            self._lock.release()
+                return
             if time.monotonic() >= deadline:
-                raise self._driver_failure(busy, "write to") from busy
-            time.sleep(delay)
+                raise busy
+            if let_go:
+                self._lock.release()
+            try:
+                time.sleep(delay)
+            finally:
+                if let_go:
+                    self._lock.acquire()
             delay = min(delay * 2, 0.001)
 
     def _try_begin(self) -> sqlite3.OperationalError | None:
@@ -638,29 +651,6 @@ class Journal:
             return None
         finally:
             cur.close()
-
-    def _poll_write_lock(self, cur: Any) -> None:
-        """BEGIN IMMEDIATE for a SQLite writer among others (`parallel_writers`): it polls for
-        the lock every 50 us to 1 ms, where SQLite's own busy handler first waits 1 ms, then
-        2, 5, 10..., and a branch's transaction holds the lock for a tenth of that."""
-        cur.execute("PRAGMA busy_timeout=0")
-        try:
-            delay = 0.00005
-            deadline = time.monotonic() + BUSY_TIMEOUT_S
-            while True:
-                try:
-                    cur.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as e:
-                    # SQLITE_BUSY, or one of its extended codes (BUSY_RECOVERY, ...)
-                    if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
-                        raise
-                    if time.monotonic() >= deadline:
-                        raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.001)
-        finally:
-            cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Any]:
