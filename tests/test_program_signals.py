@@ -7,6 +7,7 @@ can signal that group as the terminal's foreground job without signalling pytest
   `stopped` with every call journaled before it;
 * the terminal closing (SIGHUP): the same, the run never left `recording`;
 * Ctrl-Z (SIGTSTP): the program stops with car and goes on with it;
+* a SIGKILL of car alone: the program gets SIGTERM from the kernel and ends;
 * on a real (pseudo-)terminal: the program reads what is typed, and a typed Ctrl-C is car's
   one line.
 
@@ -151,6 +152,28 @@ def test_a_terminal_signal_is_car_s_one_line_and_stops_the_program(
         p.kill()
         _kill_leftovers(pids["program"], pids["child"])
     _check_stopped(tmp_path, calls=1)
+
+
+def test_a_sigkill_of_car_alone_ends_the_program_too(tmp_path: Path, canned: CannedServer) -> None:
+    """SIGKILL to car's process only (not its group: an OOM killer, `kill -9 PID`), which car
+    cannot catch to stop its program: the kernel sends the program SIGTERM (its parent-death
+    signal, set by the launcher before the program's exec), so it does not wait on a proxy that
+    is gone; the run is left for the writer lease to tell (`abandoned`) with its one call."""
+    p = _start(tmp_path, canned.base_url)
+    pids = _pids(tmp_path)
+    try:
+        assert _state(pids["program"]) is not None
+        os.kill(p.pid, signal.SIGKILL)
+        # wait, not communicate: the program's child holds car's output pipes open
+        assert p.wait(timeout=60) == -signal.SIGKILL
+        _wait_for("the program is gone", lambda: _gone(pids["program"]))
+    finally:
+        p.kill()
+        _kill_leftovers(pids["program"], pids["child"])
+    with Journal(tmp_path / "j.db") as j:
+        (info,) = j.runs()
+        assert j.status(info.run_id) == "abandoned"
+        assert sum(isinstance(e, ev.LlmCall) for e in j.events(info.run_id)) == 1
 
 
 def test_ctrl_z_stops_the_program_with_car_and_fg_continues_both(

@@ -11,13 +11,15 @@ or oversized reply; in a fork's branch also an HTTP error) or a journal error en
 with that reason; Ctrl-C, SIGTERM or SIGHUP end it `stopped` (the calls in flight abandoned at
 once; the program, in a session of its own, terminated by car - `run_command`). Only a
 SIGKILL of `car` itself leaves it open, and then the writer lease says so (engine.journal:
-`abandoned`, closed by `car runs --close-abandoned`).
+`abandoned`, closed by `car runs --close-abandoned`); the program then gets SIGTERM from the
+kernel (`_launcher`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import os
 import shlex
 import shutil
@@ -128,7 +130,9 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str], stdout: Any = None) 
     (`_job_control`). The KeyboardInterrupt is re-raised once it is gone."""
     from engine.workers import STOP
 
-    proc = subprocess.Popen(list(cmd), env=dict(env), stdout=stdout, start_new_session=True)
+    proc = subprocess.Popen(
+        [*_launcher(), *cmd], env=dict(env), stdout=stdout, start_new_session=True
+    )
     try:
         with _job_control(proc):
             while True:
@@ -146,6 +150,23 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str], stdout: Any = None) 
         # Ctrl-C, SIGTERM, or anything else that ends car: the program must not outlive it
         _stop(proc)
         raise
+
+
+def _launcher() -> list[str]:
+    """What the program is started through so that it ends with car even when car cannot stop
+    it (a SIGKILL): util-linux's `setpriv` asks the kernel for SIGTERM to the program when the
+    thread that started it is gone (a parent-death signal), then execs the program, which
+    keeps the pid car watches and signals. Where there is no setpriv, the program is started
+    as it is (and outlives a SIGKILL of car, as any child would). A process cannot set this for
+    its child between fork and exec without running Python code there, which is unsafe in a
+    process with threads (a fork's concurrent branches)."""
+    found = _setpriv()
+    return [found, "--pdeathsig", "TERM", "--"] if found else []
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    return shutil.which("setpriv")
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
