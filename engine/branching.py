@@ -154,8 +154,9 @@ class SteppedForks:
         if override:
             # --base-url etc. checked before any branch runs, against the policy in force at
             # every step a forward run may fork at: the recorded one, or after a do_policy in
-            # the run's own history (a branch's), the policy it swapped in
-            override = check_override(journal, parent, override)
+            # the run's own history (a branch's), the policy it swapped in; they go to the
+            # branches whose policy takes them, refused when none does
+            override = check_override(journal, parent, override, where_taken=True)
         return BranchForwardModel(
             journal,
             run_id,

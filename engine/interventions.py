@@ -488,11 +488,16 @@ def check_override(
     parent: ParentInfo,
     override: Mapping[str, Any],
     steps: Iterable[int] | None = None,
+    *,
+    where_taken: bool = False,
 ) -> dict[str, Any]:
     """Check CLI overrides (--base-url, --model, --timeout, --drift) against the policy in force
     at each fork step of `steps` (default: every step a forward run may fork at); returns them
     parsed. A flag that one of those policies does not take is refused in one line, which on a
-    run with do_policy swaps in its history names the steps and the swaps."""
+    run with do_policy swaps in its history names the steps and the swaps. `where_taken` (many
+    forward runs, an attribution): they go to the branches whose policy takes them
+    (`applied_override`), as `car fidelity` applies them to the steps whose deciding policy
+    takes them, and are refused only when no policy in force takes them."""
     at = policies_in_force(journal, parent, steps)
     by_name: dict[str, list[int]] = {}
     for k, spec in at.items():
@@ -500,21 +505,37 @@ def check_override(
     if not by_name:  # no steps: the run's recorded policy
         by_name[str(recorded_policy(journal, parent.run_id).get("name", ""))] = []
     parsed: dict[str, Any] = {}
+    refused: list[tuple[InterventionError, list[int]]] = []
     for name, ks in by_name.items():
         try:
             parsed = override_options(name, override)
         except InterventionError as e:
-            if not parent.policy_swaps or not ks:
-                raise
-            swaps = ", ".join(f"to {n} at step {k}" for k, n in parent.policy_swaps)
-            if len(parent.policy_swaps) == 1:
-                how = f"its do_policy swap {swaps} decides forks after that step"
-            else:
-                how = f"its do_policy swaps ({swaps}) each decide forks after their step"
-            raise InterventionError(
-                f"{e} (the policy in force at {steps_text(ks)} of run {parent.run_id}; {how})"
-            ) from None
-    return parsed
+            refused.append((e, ks))
+    if not refused or (where_taken and len(refused) < len(by_name)):
+        return parsed
+    first, ks = refused[0]
+    if not parent.policy_swaps or not ks:
+        raise first
+    swaps = ", ".join(f"to {n} at step {k}" for k, n in parent.policy_swaps)
+    if len(parent.policy_swaps) == 1:
+        how = f"its do_policy swap {swaps} decides forks after that step"
+    else:
+        how = f"its do_policy swaps ({swaps}) each decide forks after their step"
+    raise InterventionError(
+        f"{first} (the policy in force at {steps_text(ks)} of run {parent.run_id}; {how})"
+    ) from None
+
+
+def applied_override(spec: Mapping[str, Any], override: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What of `override` (parsed by `check_override`) a branch whose policy is `spec` runs
+    with: all of it when that policy takes every flag, else nothing (an attribution's
+    sim-decided branches of a run that swapped to a server keep their own policy)."""
+    if not override:
+        return {}
+    known = POLICY_OPTIONS.get(str(spec.get("name", "")), {})
+    if "name" in override or all(k in known for k in override):
+        return dict(override)
+    return {}
 
 
 def steps_text(ks: Sequence[int]) -> str:
@@ -598,8 +619,8 @@ def run_branch(
     s_k = base.state
     scenario = stepped_for(s_k, "a branch of the core's step loop")
     spec = policy_spec_at(s_k)
-    if policy_override:
-        spec.update(policy_override)
+    policy_override = applied_override(spec, policy_override)
+    spec.update(policy_override)
     policy = policy_for(spec)
     prefix = list(base.prefix)
     key = branch_key(parent.run_id, iv, branch_seed, keep, policy_override)
@@ -877,10 +898,16 @@ class BranchRunner:
         total = len(specs)
         results: list[BranchResult | None] = [None] * total
         todo: list[int] = []
+        in_force = (
+            policies_in_force(self.journal, self.parent, {s.iv.k for s in specs})
+            if self.policy_override
+            else {}
+        )
         for i, s in enumerate(specs):
+            # the key run_branch gives the branch: with the override its policy takes
+            applied = applied_override(in_force.get(s.iv.k, {}), self.policy_override)
             label = branch_label(
-                s.iv,
-                branch_key(self.parent.run_id, s.iv, s.branch_seed, s.keep, self.policy_override),
+                s.iv, branch_key(self.parent.run_id, s.iv, s.branch_seed, s.keep, applied)
             )
             self._labels.add(label)
             found = self._existing.get(label)

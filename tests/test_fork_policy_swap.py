@@ -178,13 +178,48 @@ def test_a_fork_at_the_swap_step_checks_the_runs_own_policy(family: Family) -> N
     assert "step 2" in msg and "openai at step 2" in msg
 
 
-def test_an_attribution_checks_the_policy_of_every_step_it_may_fork(family: Family) -> None:
+def test_an_attribution_sends_server_flags_to_the_branches_whose_policy_takes_them(
+    family: Family,
+) -> None:
     """Forward runs fork at any step: on the openai->sim branch step 0 is the root's openai,
-    step 1 sim, and --base-url (which only the root's policy takes) is refused naming sim."""
+    step 1 sim. --base-url (refused before: sim does not take it) goes to the branches openai
+    decides - one forked at step 0 calls the URL given, a closed port, and fails - while one
+    forked at step 1 runs sim as it would without the flag, under the same key: a run
+    without the flag reuses it. As `car fidelity` applies the flags to the steps whose
+    deciding policy takes them."""
+    from engine.interventions import BranchSpec, check_override
+
     j, run = family.journal, family.to_sim
-    with pytest.raises(InterventionError, match=r"^--base-url does not apply to policy sim \("):
-        scenario_of_run(j, run).forward_model(
-            j, run, Rerun(policy_override={"base_url": family.base_url})
+    dead = closed_port_url()
+    model = scenario_of_run(j, run).forward_model(
+        j, run, Rerun(policy_override={"base_url": dead, "timeout": "5"})
+    )
+    model.close()
+    parent = parent_info(j, run)
+    override = check_override(j, parent, {"base_url": dead, "timeout": "5"}, where_taken=True)
+    specs = [BranchSpec(DoResample(0), 71), BranchSpec(DoResample(1), 72)]
+    with BranchRunner(j, parent, policy_override=override, reuse=True) as r:
+        at0, at1 = r.run(specs)
+    assert (at0.status, at1.status) == ("failed", "completed")
+    assert [c.server for c in calls(j, at0.run_id, 0)] == [dead]
+    assert [c.server for c in calls(j, at1.run_id, 1)] == [None]
+    with BranchRunner(j, parent, reuse=True) as r:
+        (again,) = r.run(specs[1:])
+        assert (r.reused, again.run_id) == (1, at1.run_id)
+
+
+def test_an_attribution_refuses_flags_no_policy_in_force_takes(family: Family) -> None:
+    """Refused in one line before any branch runs when no step's policy takes the flags: a
+    sim run with --base-url; the openai->sim branch with --model and --drift (openai takes
+    the one, sim the other, neither both)."""
+    j = family.journal
+    with pytest.raises(InterventionError, match=r"^--base-url does not apply to policy sim$"):
+        scenario_of_run(j, family.sim_root).forward_model(
+            j, family.sim_root, Rerun(policy_override={"base_url": family.base_url})
+        )
+    with pytest.raises(InterventionError, match=r"^--drift does not apply to policy openai \("):
+        scenario_of_run(j, family.to_sim).forward_model(
+            j, family.to_sim, Rerun(policy_override={"model": "m", "drift": "0.1"})
         )
 
 
