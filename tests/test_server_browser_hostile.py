@@ -417,7 +417,8 @@ def test_stopped_live_view_shows_what_the_server_says(browser: Browser, server: 
     try:
         page.goto(f"{server.url}/#session={sid}")
         pump_until(page, lambda: bool(held), 30, "the stream's request")
-        page.wait_for_selector("#btn-pause:enabled", timeout=T)
+        page.wait_for_selector("#status.recording", timeout=T)
+        assert page.is_disabled("#btn-pause")  # its stream is not connected yet
         assert details == [200], details
     finally:
         with server.client() as c:

@@ -25,6 +25,9 @@ const S = {
   // run, so no control of it applies; forking, attributing: a fork or an attribution on its
   // way (of whichever session: its button is not offered twice)
   unknown: false, forking: false, attributing: false,
+  // the runs this page went "unknown" for: their rows in the sessions list say so too, until
+  // the server says what became of them (a sessions list or the run's detail answered)
+  unknownRuns: new Set(),
 };
 // what the server sent, duplicates included: the browser tests read it
 window.__car = { received: [], shown: [], resumedFrom: null, ends: 0 };
@@ -115,8 +118,11 @@ async function refreshSessions() {
   const before = sessionRows();
   const shown = Math.max(SESSIONS_PAGE, before.length);
   const r = await api("GET", `/api/sessions?limit=${Math.min(200, shown + SESSIONS_PAGE)}&offset=0`);
+  // a list that could not be refreshed says so: its statuses are as old as its last load
+  sessionsNote(r.ok ? null : `The sessions list could not be refreshed: ${streamWords(r.status)}${r.status ? ` (HTTP ${r.status})` : ""}. The statuses shown may be out of date.`);
   if (!r.ok) return;
   let keep = r.data.sessions;
+  for (const s of keep) if (!(S.unknown && s.session_id === S.sid)) S.unknownRuns.delete(s.session_id);
   // down to the oldest row shown before, wherever the heists started meanwhile put it
   const last = before.length ? before[before.length - 1].dataset.session : null;
   const i = keep.findIndex((s) => s.session_id === last);
@@ -128,13 +134,20 @@ async function refreshSessions() {
 
 async function moreSessions() {
   const r = await api("GET", `/api/sessions?limit=${SESSIONS_PAGE}&offset=${S.sessionsOffset}`);
-  if (!r.ok) return;
+  if (!r.ok) { toast(errorText(r, "could not load older sessions"), true); return; }
   const before = sessionRows();
   // heists started since the last load shift the pages: a row already shown is not repeated
   const have = new Set(before.map((li) => li.dataset.session));
   placeSessions(before.map((li) => li._session).concat(r.data.sessions.filter((s) => !have.has(s.session_id))), before);
   S.sessionsOffset += r.data.sessions.length;
   showMoreSessions(r.data.total);
+}
+
+function sessionsNote(text) {
+  const note = $("sessions-note");
+  note.textContent = text || "";
+  note.hidden = !text;
+  $("sessions").classList.toggle("stale", !!text);
 }
 
 function showMoreSessions(total) {
@@ -164,19 +177,28 @@ function placeSessions(sessions, before) {
   for (const li of rows.values()) li.remove();
 }
 
+// the row of one session, filled again from what the list last said of it
+function refillSessionRow(sid) {
+  const li = sessionRows().find((row) => row.dataset.session === sid);
+  if (li && li._session) fillSessionRow(li, li._session);
+}
+
 function fillSessionRow(li, s) {
   li._session = s;
   const btn = li.firstChild;
   btn.classList.toggle("current", s.session_id === S.sid);
   const when = new Date(s.created_at);
   const time = isNaN(when) ? "" : when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
-  const key = JSON.stringify([s.status, s.steps, time, s.outcome ? !!s.outcome.bad : null]);
+  // what the page says of the run: a row does not claim a state the page no longer knows
+  const status = S.unknownRuns.has(s.session_id) ? "unknown" : s.status;
+  const key = JSON.stringify([status, s.steps, time, s.outcome ? !!s.outcome.bad : null]);
   if (btn._key === key) return;
   btn._key = key;
   const outcome = s.outcome ? (s.outcome.bad ? el("span", { class: "pill bad" }, "bad") : el("span", { class: "pill ok" }, "ok")) : null;
+  const title = status === "unknown" ? UNKNOWN_TITLE : null;
   clear(btn);
   btn.append(
-    el("span", { class: "row" }, el("code", {}, s.session_id), el("span", { class: `pill ${s.status}` }, s.status)),
+    el("span", { class: "row" }, el("code", {}, s.session_id), el("span", { class: `pill ${status}`, title }, status)),
     el("span", { class: "row muted small" }, el("span", {}, `${plural(s.steps, "step")} · ${time}`), outcome));
 }
 
@@ -207,9 +229,22 @@ function resetView() {
   Object.assign(S, { lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0, status: null,
     controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [], stats: {},
     gen: S.gen + 1, pending: null, busy: false, branch: false, badgeKey: null, unknown: false });
-  // nothing applies until the new session's state is known
+  // nothing applies, and nothing of the previous session is shown, until the new session's
+  // state is known: its status, progress and live dot would pass for the new one's
   syncButtons();
+  syncLive();
+  const pill = $("status");
+  pill.hidden = true;
+  pill.textContent = "";
+  pill.className = "pill";
+  pill.removeAttribute("title");
+  const bar = $("progress-bar");
+  bar.className = "";
+  bar.style.width = "";
+  bar.style.background = "";
+  $("meta").textContent = "";
   window.__car.received = []; window.__car.shown = []; window.__car.resumedFrom = null;
+  delete document.body.dataset.resumedFrom;
   for (const id of ["feed", "badges", "analysis", "reveal", "tool-stats", "outcome", "attribution", "fork-result", "tree", "diff"]) clear($(id));
   $("attribution").append(el("p", { class: "muted" }, "Counterfactual forward runs rank each step by how often re-deciding it rescues the heist."));
   $("hint").hidden = true;
@@ -250,6 +285,8 @@ async function openSession(sid, opts) {
 }
 
 function applyDetail(d) {
+  // the server said what became of the run: its row says what the list says again
+  if (S.unknownRuns.delete(S.sid)) refillSessionRow(S.sid);
   S.controllable = !!d.controllable;
   S.agents = d.agents || [];
   S.rounds = d.rounds || 0;
@@ -297,6 +334,21 @@ function syncLive() {
   $("live").hidden = S.status !== "recording" || !S.streamOk;
 }
 
+// Pause, Resume and Stop act on what the stream shows: they are offered only while it is
+// connected
+function setStreamOk(ok) {
+  S.streamOk = ok;
+  syncLive();
+  syncButtons();
+}
+
+// the note of a live stream stopped for good (`why`: its reason) while the server still
+// reports the run live: nothing the page shows of it moves any more, nor may it be controlled
+function deadStreamNote(why) {
+  streamNote(`Live view stopped: ${why}. The server still reports the run ${S.status}, but this page `
+    + "no longer receives its events: its controls stay off. Reload the page to try again.");
+}
+
 function connect(sid) {
   const gen = S.gen;
   const ctl = new AbortController();
@@ -305,13 +357,12 @@ function connect(sid) {
   const current = () => S.stream === stream && S.gen === gen;
 
   const down = (status, wait, words) => {
-    S.streamOk = false;
-    syncLive();
+    setStreamOk(false);
     const why = `${words || streamWords(status)}${status ? ` (HTTP ${status})` : ""}`;
     if (wait === null) {
       S.stream = null;
       streamNote(`Live view stopped: ${why}. Reload the page to try again.`);
-      recheck(sid, gen);
+      recheck(sid, gen, why);
       return;
     }
     streamNote(`Live view interrupted: ${why}; retrying in ${wait} s.`);
@@ -343,9 +394,8 @@ function connect(sid) {
       failed(res.status, res.headers.get("Retry-After"), res.status === 200 ? "the answer was no event stream" : null);
       return;
     }
-    S.streamOk = true;
     streamNote(null);
-    syncLive();
+    setStreamOk(true);
     let ended = false;
     try {
       ended = await readEvents(res.body, () => current(), (type, data) => {
@@ -362,11 +412,14 @@ function connect(sid) {
     if (!current()) return;
     if (!ended) { failed(0, null, "the connection was lost"); return; }
     S.stream = null;
-    S.streamOk = false;
+    setStreamOk(false);
     window.__car.ends += 1;
-    $("live").hidden = true;
     const r = await api("GET", `/api/sessions/${encodeURIComponent(sid)}`);
-    if (r.ok && S.gen === gen) { applyDetail(r.data); showLab(); }
+    if (r.ok && S.gen === gen) {
+      applyDetail(r.data);
+      showLab();
+      if (LIVE.has(S.status)) deadStreamNote("the server ended the stream");
+    }
     loadSessions(false);
   }
   attempt();
@@ -374,26 +427,33 @@ function connect(sid) {
 
 // the live stream stopped for good: the status shown and the controls offered may be stale, so
 // the server is asked once for the session; when it answers, the page shows what it says, else
-// the run's state is unknown and no control of it applies until a session is opened again (the
-// sessions list, which may still say "recording", is loaded again too)
-async function recheck(sid, gen) {
+// the run's state is unknown and no control of it applies until a session is opened again (its
+// row in the sessions list says so too, and the list is loaded again); a run the server still
+// reports live keeps its controls off: its stream is dead
+async function recheck(sid, gen, why) {
   const r = await api("GET", `/api/sessions/${encodeURIComponent(sid)}`);
   if (S.gen !== gen) return;
   if (r.ok) {
     applyDetail(r.data);
     showLab();
+    if (LIVE.has(S.status)) deadStreamNote(why);
   } else {
     setUnknown();
   }
   loadSessions(false);
 }
 
+const UNKNOWN_TITLE = "The live view stopped and the server did not say what became of this run.";
+
 function setUnknown() {
   Object.assign(S, { unknown: true, status: null, controllable: false, pending: null });
+  S.unknownRuns.add(S.sid);
+  refillSessionRow(S.sid);
   const pill = $("status");
+  pill.hidden = false;
   pill.textContent = "unknown";
   pill.className = "pill unknown";
-  pill.title = "The live view stopped and the server did not say what became of this run.";
+  pill.title = UNKNOWN_TITLE;
   $("progress-bar").style.background = "";
   $("progress-bar").className = "unknown";
   $("lab").hidden = true;
@@ -530,6 +590,7 @@ function setStatus(status) {
   if (!status) return;
   S.status = status;
   const pill = $("status");
+  pill.hidden = false;
   pill.textContent = status;
   pill.className = `pill ${status}`;
   pill.removeAttribute("title");
@@ -546,11 +607,17 @@ function setStatus(status) {
 // is not sent twice, a branch or a run still live is not accused, nor one accused already;
 // nothing applies to a run whose state is unknown (its status is null then)
 function syncButtons() {
-  const status = S.status, live = LIVE.has(status), ctl = S.controllable && !S.busy && !S.unknown;
+  const status = S.status, live = LIVE.has(status);
+  const ctl = S.controllable && !S.busy && !S.unknown && S.streamOk;
   const stopping = S.pending === "stop";
   $("btn-pause").disabled = !(ctl && status === "recording" && !S.pending);
   $("btn-resume").disabled = !(ctl && status === "paused" && !S.pending);
   $("btn-stop").disabled = !(ctl && live && !stopping);
+  // a live run's controls are off while its stream is not connected: say why on them
+  const offline = live && S.controllable && !S.streamOk ? "The live view is not connected." : null;
+  for (const id of ["btn-pause", "btn-resume", "btn-stop"]) {
+    if (offline) $(id).title = offline; else $(id).removeAttribute("title");
+  }
   // rules and llm read a live run's steps so far; causal and replay need it ended (the
   // server says so if asked)
   $("btn-analyze").disabled = !S.sid || !status || $("btn-analyze").textContent !== "Analyze behaviour";
