@@ -115,14 +115,19 @@ def _kill_leftovers(*pids: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _check_stopped(tmp_path: Path, calls: int) -> None:
+def _check_run(tmp_path: Path, status: str, calls: int) -> list[ev.AnyEvent]:
+    """The journal's one run has `status` and `calls` LLM calls; its events."""
     with Journal(tmp_path / "j.db") as j:
         (info,) = j.runs()
-        assert j.status(info.run_id) == "stopped"
+        assert j.status(info.run_id) == status
         events = j.events(info.run_id)
-        assert sum(isinstance(e, ev.LlmCall) for e in events) == calls
-        end = events[-1]
-        assert isinstance(end, ev.RunEnded) and end.status == "stopped"
+    assert sum(isinstance(e, ev.LlmCall) for e in events) == calls
+    return events
+
+
+def _check_stopped(tmp_path: Path, calls: int) -> None:
+    end = _check_run(tmp_path, "stopped", calls)[-1]
+    assert isinstance(end, ev.RunEnded) and end.status == "stopped"
 
 
 @pytest.mark.parametrize(
@@ -170,10 +175,7 @@ def test_a_sigkill_of_car_alone_ends_the_program_too(tmp_path: Path, canned: Can
     finally:
         p.kill()
         _kill_leftovers(pids["program"], pids["child"])
-    with Journal(tmp_path / "j.db") as j:
-        (info,) = j.runs()
-        assert j.status(info.run_id) == "abandoned"
-        assert sum(isinstance(e, ev.LlmCall) for e in j.events(info.run_id)) == 1
+    _check_run(tmp_path, "abandoned", calls=1)
 
 
 def test_ctrl_z_stops_the_program_with_car_and_fg_continues_both(
@@ -199,10 +201,7 @@ def test_ctrl_z_stops_the_program_with_car_and_fg_continues_both(
     finally:
         p.kill()
         _kill_leftovers(pids["program"], pids["child"])
-    with Journal(tmp_path / "j.db") as j:
-        (info,) = j.runs()
-        assert j.status(info.run_id) == "completed"
-        assert sum(isinstance(e, ev.LlmCall) for e in j.events(info.run_id)) == 2
+    _check_run(tmp_path, "completed", calls=2)
 
 
 def test_ctrl_c_during_a_fork_is_one_line_without_the_branch_s_traceback(
