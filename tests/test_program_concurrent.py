@@ -328,3 +328,50 @@ def test_fork_journals_tool_results_for_the_steps_that_asked(
     carrier = next(x for x in events[own[0] :] if isinstance(x, ev.LlmCall))
     assert own[1].step is not None and carrier.step is not None and carrier.step >= 2
     assert wire.messages_of(carrier.request)[1]["content"] == question[own[1].step]
+
+
+# Two questions of one agent in flight together, the one started second after a pause: which
+# reaches the proxy first is up to FIRST. No tools: a canned server answers (plumbing only).
+ASKERS = """
+import asyncio, os
+from openai import AsyncOpenAI
+
+client = AsyncOpenAI(max_retries=0)
+first = os.environ["FIRST"]
+
+async def ask(name, question):
+    if name != first:
+        await asyncio.sleep(0.3)
+    await client.chat.completions.create(
+        model="m", user="solver", messages=[{"role": "user", "content": question}])
+
+async def main():
+    await asyncio.gather(*(ask(n, q) for n, q in sorted(QUESTIONS.items())))
+
+asyncio.run(main())
+""".replace("QUESTIONS", repr(QUESTIONS))
+
+
+def test_an_agents_calls_in_flight_together_are_seeded_alike_whichever_comes_first(
+    tmp_path: Path,
+) -> None:
+    """The program recorded twice with one root seed, once with task a's call first, once with
+    task b's: each question reaches the server with the same injected seed both times, and the
+    two questions with different seeds. Seeded by arrival order, the two swapped seeds, so two
+    forks with one branch seed could draw one logical call differently."""
+    from program_helpers import CannedServer
+
+    prog = tmp_path / "askers.py"
+    prog.write_text(ASKERS)
+    seeds: dict[str, dict[str, int]] = {}
+    for first in ("a", "b"):
+        with CannedServer() as srv:
+            r = car(tmp_path / f"{first}.db", tmp_path / "unused.json", "record", "--base-url",
+                    srv.base_url, "--seed", "5", "--json", "--", sys.executable, str(prog),
+                    FIRST=first)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            got = [(q["messages"][-1]["content"], q["seed"]) for q in srv.requests]
+        assert got[0][0] == QUESTIONS[first]  # the order was as asked
+        seeds[first] = {text: seed for text, seed in got}
+    assert seeds["a"] == seeds["b"]
+    assert len(set(seeds["a"].values())) == 2

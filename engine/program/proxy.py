@@ -135,6 +135,8 @@ class Session:
         for c in self.recorded:
             self.agents.learn(c.agent, c.call.request)
         self.ordinals: dict[str, int] = {}
+        # (agent, request key) -> how many such calls were seeded (`seed_for`)
+        self.asked: dict[tuple[str, str], int] = {}
         # tool-call id -> (step, agent, tool, param) of calls whose result is not journaled yet
         self.tool_ids: dict[str, tuple[int, str, str, str]] = dict(tool_ids or {})
         self.resulted: set[str] = set(resulted_ids or ())
@@ -405,14 +407,20 @@ class Session:
 
     # ------------------------------------------------------------------ request edits
 
-    def seed_for(self, agent: str, ordinal: int, body: dict[str, Any]) -> tuple[int, str]:
-        """The seed to send and where it came from (wire: client / injected / branch)."""
-        if self.branch_seed is not None:
-            return wire.derived_seed(self.branch_seed, agent, ordinal), "branch"
+    def seed_for(self, agent: str, body: dict[str, Any]) -> tuple[int, str]:
+        """The seed to send and where it came from (wire: client / injected / branch): a
+        derived one by the request and how many equal ones the agent sent before
+        (`wire.derived_seed`)."""
         s = body.get("seed")
-        if isinstance(s, int) and not isinstance(s, bool):
+        if self.branch_seed is None and isinstance(s, int) and not isinstance(s, bool):
             return s, "client"
-        return wire.derived_seed(self.root_seed, agent, ordinal), "injected"
+        key = wire.request_key(body)
+        with self.lock:
+            n = self.asked.get((agent, key), 0)
+            self.asked[(agent, key)] = n + 1
+        if self.branch_seed is not None:
+            return wire.derived_seed(self.branch_seed, agent, key, n), "branch"
+        return wire.derived_seed(self.root_seed, agent, key, n), "injected"
 
     def edit(self, body: dict[str, Any], at_k: bool) -> dict[str, Any]:
         """The request as a fork sends it upstream: do_observation's tool text, do_context's
@@ -768,12 +776,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _live(
         self, s: Session, agent: str, ordinal: int, ids: int, body: dict[str, Any], at_k: bool
     ) -> None:
-        """Forward a call upstream (seeded by its arrival `ordinal`, its tool calls named by
-        `ids`), journal it and answer it."""
+        """Forward a call upstream (seeded by what it asks, its tool calls named by `ids`),
+        journal it and answer it."""
         up = s.policy_upstream or s.upstream
         if up is None:
             raise UpstreamUnreachable("no upstream server to answer a live call (give --base-url)")
-        seed, source = s.seed_for(agent, ordinal, body)
+        seed, source = s.seed_for(agent, body)
         sent = s.edit(body, at_k) if s.fork_at is not None else body
         sent = {**sent, "seed": seed}
         payload = wire.canonical(sent).encode()

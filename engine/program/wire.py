@@ -139,11 +139,19 @@ def seed_problem(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-def derived_seed(root: int, agent: str, ordinal: int) -> int:
-    """The seed of an agent's n-th call under a root (or branch) seed: 31 bits, which every
-    OpenAI-compatible server accepts."""
-    h = hashlib.blake2b(f"seed:{root}:{agent}:{ordinal}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") & 0x7FFFFFFF
+def derived_seed(root: int, agent: str, request: str, occurrence: int) -> int:
+    """The seed of an agent's call under a root (or branch) seed: by what it asks
+    (`request_key`) and how many equal requests the agent made before it, not by when it
+    arrived, so that calls an agent has in flight together are seeded alike whichever comes
+    first (decision 59). 31 bits, which every OpenAI-compatible server accepts."""
+    doc = f"seed:{root}:{agent}:{request}:{occurrence}"
+    return int.from_bytes(hashlib.blake2b(doc.encode(), digest_size=8).digest(), "big") & 0x7FFFFFFF
+
+
+def request_key(body: Mapping[str, Any]) -> str:
+    """A digest of a chat-completion request as the program sent it, its seed left out."""
+    doc = canonical({k: v for k, v in body.items() if k != "seed"})
+    return hashlib.blake2b(doc.encode(), digest_size=16).hexdigest()
 
 
 def tool_call_id(agent: str, ordinal: int, index: int) -> str:
