@@ -306,7 +306,11 @@ def heist_cmd(
     seed: Annotated[
         int | None,
         typer.Option(
-            "--seed", min=0, max=2**63 - 1, help="Root seed (default: random, and recorded)."
+            "--seed",
+            min=0,
+            max=2**63 - 1,
+            help="Root seed (default: 63 random bits, recorded, secret). It draws the world and"
+            " the mole: whoever knows or guesses it can replay the draw.",
         ),
     ] = None,
     policy: Annotated[
@@ -391,6 +395,7 @@ def heist_cmd(
         from engine.heist.mole import parse_strategy
         from engine.heist.session import record_heist
         from engine.runtime.control import ControlChannel
+        from engine.runtime.seeds import fresh_seed
 
         crew = load_agents_config(config)  # a bad file is a bad file (exit 1), not a bad flag
         if mole is not None and mole not in crew.names:
@@ -416,7 +421,7 @@ def heist_cmd(
                 "max_reply_bytes": max_reply_bytes,
             },
         )
-        root_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
+        root_seed = seed if seed is not None else fresh_seed()
         stream = None if (quiet or as_json) else _print_step
         target = journal_target()
         # opening an existing journal may upgrade it: that is not cut short

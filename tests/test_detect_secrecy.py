@@ -133,3 +133,24 @@ def test_detector_inputs_differ_only_where_public_behaviour_does(tmp_path: Path)
             assert msgs_a[:i] == msgs_b[:i]  # one message per step, steps 0..i-1
             n_tools = sum(1 for m in msgs_a[:i] for _ in re.finditer(r"\[TOOL:", m.text))
             assert tools_a[:n_tools] == tools_b[:n_tools]
+
+
+def test_a_heist_nobody_seeded_draws_a_63_bit_root_seed(tmp_path: Path) -> None:
+    """`car heist` and the server's quick start without a seed: the root seed has more than 32
+    bits (each below 2**32 with odds 2**-31). The world a heist's tool results show is drawn
+    from its root seed, and so is the mole: with a 32-bit seed, a search of every seed for the
+    world shown (minutes on a laptop) named the mole."""
+    from journal_helpers import car
+    from server_helpers import car_serve, start, wait_status
+
+    journal = tmp_path / "j.db"
+    for _ in range(2):
+        p = car(journal, "heist", "--rounds", "1", "--json")
+        assert p.returncode == 0, p.stderr
+    with car_serve(journal) as srv, srv.client() as c:
+        wait_status(c, start(c, step_delay=0, rounds=1), {"completed"})
+    with Journal(journal) as j:
+        seeds = [j.events(r.run_id)[0] for r in j.runs()]
+    assert len(seeds) == 3
+    for e in seeds:
+        assert isinstance(e, ev.RunStarted) and 2**32 <= e.root_seed < 2**63

@@ -7,6 +7,7 @@ seeds from b alone (docs/decisions.md, entry 8)."""
 from __future__ import annotations
 
 import hashlib
+import os
 
 
 def step_seed(root_seed: int, step: int) -> int:
@@ -14,3 +15,11 @@ def step_seed(root_seed: int, step: int) -> int:
     blake2b("car-step:<root>:<step>") as a big-endian integer, masked to 63 bits."""
     digest = hashlib.blake2b(f"car-step:{root_seed}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & ((1 << 63) - 1)
+
+
+def fresh_seed() -> int:
+    """A root seed nobody chose: 63 random bits. A heist draws its world and its mole from
+    its root seed, and the world shows in every tool result; with 32 bits a search of every
+    seed for the world shown (minutes on a laptop) named the seed, hence the mole. 63 bits
+    leave many seeds for any world, among which the mole is as likely any agent."""
+    return int.from_bytes(os.urandom(8), "big") >> 1

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -478,7 +477,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
             policy = make_policy(spec)
         except ConfigError as e:
             raise ApiError(422, str(e)) from e
-        seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "big")
+        from engine.runtime.seeds import fresh_seed
+
+        seed = body.seed if body.seed is not None else fresh_seed()
         delay = body.step_delay
         if delay is None:
             delay = settings.sim_step_delay if body.policy.startswith("sim") else 0.0
