@@ -338,7 +338,7 @@ def test_replay_options_reach_the_detector(tmp_path: Path, answers: str) -> None
         calls: list[tuple[int, int]] = []
         _Answers.models.clear()
         out = analyze(
-            j, rid, method="replay", base_url=answers, model="m-q",
+            j, rid, method="replay", base_url=answers, model="m-q", reveal=True,
             progress=lambda done, total: calls.append((done, total)),
         )  # fmt: skip
     steps = len(out["suspicion_scores"])  # one round: one step per agent

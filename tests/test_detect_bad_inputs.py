@@ -106,7 +106,7 @@ def test_a_tie_at_the_top_is_not_a_confident_suggestion(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     with Journal(path) as j:
         rid = record_heist(j, SimPolicy(), seed=5, no_mole=True).run_id
-    proc = car(path, "detect", rid, "-m", "replay", "--json")
+    proc = car(path, "detect", rid, "-m", "replay", "--reveal", "--json")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
     assert len(set(d["suspicion_scores"].values())) == 1
@@ -130,7 +130,7 @@ def test_replay_with_every_step_failing_is_an_error(tmp_path: Path) -> None:
     assert rec.returncode == 0, rec.stderr
     (rid,) = run_ids(path)
     with scripted_server(refuses) as server:
-        proc = car(path, "detect", rid, "-m", "replay", "--base-url", server.url)
+        proc = car(path, "detect", rid, "-m", "replay", "--reveal", "--base-url", server.url)
     err = one_error_line(proc, 1)
     assert "every re-executed step failed (6 of 6)" in err and "HTTP 400" in err
     assert proc.stdout == ""

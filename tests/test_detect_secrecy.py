@@ -97,7 +97,8 @@ def test_methods_never_decode_the_secret_or_a_request(
     url = f"http://127.0.0.1:{free_port()}/v1"
     seen = _decoded_kinds(monkeypatch)
     for run in runs:
-        analyze(j, run, method=method, base_url=url, timeout=1.0, journal_llm=False)
+        reveal = method == "replay"  # it reads the recorded seeds: refused without it
+        analyze(j, run, method=method, base_url=url, timeout=1.0, journal_llm=False, reveal=reveal)
     assert seen
     assert "mole_assigned" not in seen and "slim:mole_assigned" not in seen
     assert "llm_call" not in seen
@@ -112,7 +113,8 @@ def test_no_secret_string_in_any_detector_output(
     j, runs = rotated
     url = f"http://127.0.0.1:{free_port()}/v1"
     for run in runs:
-        out = analyze(j, run, method=method, base_url=url, timeout=1.0, k_max=4)
+        reveal = method == "replay"
+        out = analyze(j, run, method=method, base_url=url, timeout=1.0, k_max=4, reveal=reveal)
         blob = json.dumps(out)
         for s in SECRETS:
             assert s not in blob, (method, s)
@@ -154,3 +156,35 @@ def test_a_heist_nobody_seeded_draws_a_63_bit_root_seed(tmp_path: Path) -> None:
     assert len(seeds) == 3
     for e in seeds:
         assert isinstance(e, ev.RunStarted) and 2**32 <= e.root_seed < 2**63
+
+
+def test_replay_reads_the_recorded_seeds_only_once_the_run_is_accused(tmp_path: Path) -> None:
+    """The replay detector re-decides each step with the seed it was recorded with: on the sim
+    policy every honest agent reproduces its steps exactly and the mole does not, so before the
+    accusation it named the mole with confidence 0.99 (CLI and API alike). Now it is refused in
+    one line (CLI exit 1, API 403) until the run is accused; `--reveal` runs it on the CLI; after
+    `accuse` both run it."""
+    from journal_helpers import car
+    from server_helpers import car_serve
+
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        rid = record_heist(j, SimPolicy(), seed=1, rounds=2, mole="intel").run_id
+    refused = car(path, "detect", rid, "-m", "replay")
+    assert refused.returncode == 1 and refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert "as secret as the mole" in line and "--reveal" in line
+    assert "intel" not in line
+    revealed = car(path, "detect", rid, "-m", "replay", "--reveal", "--json")
+    assert revealed.returncode == 0, revealed.stderr
+    assert json.loads(revealed.stdout)["suggested_mole"] == "intel"  # what it would have told
+    with car_serve(path) as srv, srv.client() as c:
+        body = {"session_id": rid, "method": "replay"}
+        r = c.post("/api/ai-detect/suggest", json=body)
+        assert r.status_code == 403, r.text
+        assert "intel" not in r.text and "--reveal" not in r.text
+        assert c.post(f"/api/sessions/{rid}/accuse", json={"suspect": "planner"}).status_code == 200
+        r = c.post("/api/ai-detect/suggest", json=body)
+        assert r.status_code == 200, r.text
+    after = car(path, "detect", rid, "-m", "replay", "--json")
+    assert after.returncode == 0, after.stderr

@@ -126,7 +126,7 @@ def _printed(journal: Path, run: str) -> Iterator[tuple[str, str]]:
         *[["state", run, "--at", str(k)] for k in (0, 3, 12, 23, 24)],
         *[["state", run, "--at", str(k), "--json"] for k in (0, 12, 24)],
         ["detect", run, "--json"],
-        ["detect", run, "--method", "replay"],
+        ["detect", run, "--method", "replay", "--reveal"],
         ["detect", run, "--method", "causal", "--k-max", "4", "--json"],
     ]
     for args in commands:
@@ -138,7 +138,8 @@ def _printed(journal: Path, run: str) -> Iterator[tuple[str, str]]:
 def test_no_secret_string_in_any_non_reveal_output(tmp_path: Path) -> None:
     """For every strategy (mole rotating over the crew), no strategy name and no fragment of
     the mole's instructions appears in the public view, public events or any byte printed by
-    runs/show/state/detect without --reveal; with --reveal it does (the check can fail)."""
+    runs/show/state/detect without --reveal (replay with it: it reads the recorded seeds, never
+    the secret event); `car show --reveal` does show them (the check can fail)."""
     path = tmp_path / "j.db"
     with Journal(path) as j:
         runs = []

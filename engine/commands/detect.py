@@ -183,10 +183,19 @@ def register(app: typer.Typer) -> None:
         executor: ExecutorOpt = "local",
         ray_address: RayAddressOpt = None,
         workers: WorkersOpt = None,
+        reveal: Annotated[
+            bool,
+            typer.Option(
+                "--reveal",
+                help="replay: read the recorded step seeds, as secret as the mole (without it"
+                " replay runs only on an accused run).",
+            ),
+        ] = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """Which agent sabotaged the run? Reads the public view only (causal and replay also
-        re-execute the crew); `confidence` is a calibrated probability."""
+        """Which agent sabotaged the run? Reads the public view only (causal also re-executes
+        the crew; replay re-decides each step with its recorded seed, so it needs an accused
+        run or --reveal); `confidence` is a calibrated probability."""
         from engine.detect import analyze
 
         where = executor_options(executor, ray_address, workers)
@@ -197,7 +206,9 @@ def register(app: typer.Typer) -> None:
                 opts.update(concurrency=concurrency, executor=where)
             if method in ("causal", "replay"):
                 opts["progress"] = lambda done, total: bar.update(task, completed=done, total=total)
-            data = analyze(j, run_id, method=method, base_url=base_url, model=model, **opts)
+            data = analyze(
+                j, run_id, method=method, base_url=base_url, model=model, reveal=reveal, **opts
+            )
         if as_json:
             emit_json(data)
             return

@@ -34,6 +34,10 @@ class DetectError(EngineError):
     """A detection cannot be made (unknown method, a run with nothing to analyse, ...)."""
 
 
+class SecretNeeded(DetectError):
+    """The method reads what only the reveal may: refused before the run is accused."""
+
+
 Progress = Callable[[int, int], None]
 
 
@@ -127,10 +131,13 @@ def analyze(
     method: str = "rules",
     base_url: str | None = None,
     model: str | None = None,
+    reveal: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Analyse one run with `method` (see METHODS); the blog's output format plus
-    methods_run, warnings and, for causal/replay, intervals and forward runs.
+    methods_run, warnings and, for causal/replay, intervals and forward runs. `replay` reads
+    the recorded step seeds, which are as secret as the mole: it runs on a run accused already
+    or with `reveal` (decision 61).
 
     Options: llm — `seed`, `timeout`, `max_tokens`, `journal_llm` (default True);
     causal — `k_max`, `k_min`, `batch`, `level`, `sequential`, `seed`, `concurrency`,
@@ -153,6 +160,17 @@ def analyze(
         raise DetectError(
             f"run {view.run_id!r} is still recording; the {method} detector re-runs the crew "
             "and needs an ended run (rules and llm work on a live one)"
+        )
+    if method == "replay":
+        from engine.detect.causal import needs_a_heist
+
+        needs_a_heist(view, method)  # another run is refused for what it is, first
+    if method == "replay" and not reveal and view.verdict is None:
+        raise SecretNeeded(
+            f"the replay detector re-decides each step of run {view.run_id!r} with the seed it "
+            "was recorded with, and those seeds are as secret as the mole (a deterministic "
+            "policy reproduces every honest agent exactly with them); it runs after `car "
+            "accuse` or with --reveal"
         )
     rules = rule_scores(messages, tools, agents)
     weights: dict[str, float] = dict(WEIGHTS)

@@ -169,7 +169,12 @@ def evaluate(
         g: Game | None = None
         for m in methods:
             t0 = time.perf_counter()
-            out = analyze(journal, rid, method=m, base_url=base_url, model=model, **(options or {}))
+            # the scorer knows each game's truth (`truths`): a method that reads what only the
+            # reveal may (replay's recorded seeds) tells it nothing new
+            out = analyze(
+                journal, rid, method=m, base_url=base_url, model=model, reveal=True,
+                **(options or {}),
+            )  # fmt: skip
             if g is None:
                 g = Game(out["session_id"], list(out["suspicion_scores"]), t)
             g.results[m] = out

@@ -408,6 +408,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         run_id = resolve(body.session_id)
         try:
             from engine.detect import analyze
+            from engine.detect.analysis import SecretNeeded
         except ImportError:
             raise ApiError(501, "the sabotage detector is not part of this build") from None
         try:
@@ -422,6 +423,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
             raise _not_found(body.session_id) from None
         except ConfigError as e:
             raise ApiError(422, str(e), session_id=run_id) from e
+        except SecretNeeded as e:
+            # before the verdict the server never reveals (`car detect --reveal` may)
+            raise ApiError(403, str(e).replace(" or with --reveal", ""), session_id=run_id) from e
         except EngineError as e:
             raise ApiError(409, str(e), session_id=run_id) from e
 

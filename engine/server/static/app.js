@@ -621,6 +621,12 @@ function syncButtons() {
   // rules and llm read a live run's steps so far; causal and replay need it ended (the
   // server says so if asked)
   $("btn-analyze").disabled = !S.sid || !status || $("btn-analyze").textContent !== "Analyze behaviour";
+  // replay re-decides each step with its recorded seed, as secret as the mole: offered once
+  // the run is accused (the server refuses it before)
+  const replay = $("method").querySelector("option[value=replay]");
+  replay.disabled = !S.verdict;
+  replay.title = S.verdict ? "" : "Replay reads the recorded step seeds, as secret as the mole: it runs once the run is accused.";
+  if (replay.disabled && $("method").value === "replay") $("method").value = "rules";
   $("btn-reveal").disabled = !status || live || !!S.verdict || S.busy || S.branch || S.unknown;
   $("btn-attribute").disabled = S.attributing || S.unknown;
   $("fork-form").querySelector("button[type=submit]").disabled = S.forking || S.unknown;
