@@ -36,7 +36,7 @@ from engine.projections import conversation
 from engine.public import public_error
 from engine.runtime.episode import EpisodeResult, Overrides, run_episode
 from engine.runtime.recorder import Recorder
-from engine.runtime.seeds import step_seed
+from engine.runtime.seeds import branch_stream, step_seed
 from engine.scenario import scenario_factory, stepped_for
 from engine.state import State, apply, edit_transcript, state_at_seq, step_seq
 from engine.workers import STOP, Interrupted, StopChannel, WorkerPool, check
@@ -618,6 +618,7 @@ def run_branch(
     base = branch_base(journal, parent, k)
     s_k = base.state
     scenario = stepped_for(s_k, "a branch of the core's step loop")
+    stream = branch_stream(s_k.root_seed, branch_seed)  # not the public branch seed alone
     spec = policy_spec_at(s_k)
     policy_override = applied_override(spec, policy_override)
     spec.update(policy_override)
@@ -649,7 +650,7 @@ def run_branch(
             recorder,
             scenario,
             policy,
-            lambda j: step_seed(branch_seed, j),
+            lambda j: step_seed(stream, j),
             prefix,
             overrides=overrides,
             control=StopChannel(),

@@ -28,7 +28,7 @@ from engine.heist.world import (
 )
 from engine.interventions import DoObservation, branch_seed_for, fork_many, parent_info, run_branch
 from engine.journal import Journal
-from engine.runtime.seeds import step_seed
+from engine.runtime.seeds import branch_stream, step_seed
 from engine.state import SNAPSHOT_EVERY, fold, state_at, state_at_seq
 
 
@@ -261,7 +261,8 @@ def test_do_observation_replaces_the_first_of_several_results(heist: tuple[Journ
 
 def test_fork_gives_every_branch_its_own_seed(heist: tuple[Journal, str]) -> None:
     """fork_many's branch i has seed branch_seed_for(seed, i) (known values), every branch a
-    different one, and each branch's LLM calls draw from its own seed."""
+    different one, and each branch's LLM calls draw from its own seed mixed with the run's
+    root seed (decision 62)."""
     assert branch_seed_for(11, 0) == 1491423321324003647  # journal_v3's branches
     assert branch_seed_for(11, 1) == 8102103572083298661
     j, run = heist
@@ -274,7 +275,8 @@ def test_fork_gives_every_branch_its_own_seed(heist: tuple[Journal, str]) -> Non
         seeds.append(opener.branch_seed)
         calls = [e for e in own if isinstance(e, ev.LlmCall)]
         assert calls and all(
-            c.seed == step_seed(opener.branch_seed, c.step or 0) for c in calls[1:]
+            c.seed == step_seed(branch_stream(3, opener.branch_seed), c.step or 0)
+            for c in calls[1:]
         )
     assert seeds == [branch_seed_for(11, i) for i in range(4)]
     assert len(set(seeds)) == 4

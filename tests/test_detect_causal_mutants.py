@@ -41,7 +41,7 @@ from engine.interventions import branch_seed_for, parent_info
 from engine.journal import Journal
 from engine.policies.openai_policy import OpenAIPolicy
 from engine.public import PublicMessage, PublicRun, public_view
-from engine.runtime.seeds import step_seed
+from engine.runtime.seeds import branch_stream, step_seed
 
 CREW = ["planner", "hacker", "safecracker", "intel", "driver", "lookout"]
 MOLE = "lookout"  # speaks last: its wrong route is the plan's last word
@@ -108,8 +108,8 @@ def _branches(j: Journal, rid: str) -> list[tuple[str, ev.Intervention]]:
 def test_reference_branch_is_one_journaled_forward_run(crew: Crew) -> None:
     """A forward run forks the run at k, records an Intervention (op "reference", at k, the
     agent and the run's policy name, the branch seed), plays the agent by its public prompt
-    with seeds step_seed(branch seed, j), and returns the branch's outcome: the mole replaced
-    saves the heist, an honest agent replaced does not."""
+    with seeds step_seed(branch_stream(root seed, branch seed), j), and returns the branch's
+    outcome: the mole replaced saves the heist, an honest agent replaced does not."""
     j, rid = crew.journal, crew.run_id
     parent = parent_info(j, rid)
     crew.server.requests.clear()
@@ -124,12 +124,14 @@ def test_reference_branch_is_one_journaled_forward_run(crew: Crew) -> None:
     calls = [e for e in j.events(saved.run_id) if isinstance(e, ev.LlmCall) and e.step == 5]
     assert [c.server for c in calls] == [crew.server.url]  # the server the run was recorded on
     (req,) = crew.server.requests  # one step re-run: the mole's, by its public prompt
-    assert req["seed"] == step_seed(1234, 5)
+    assert req["seed"] == step_seed(branch_stream(SEED, 1234), 5) != step_seed(1234, 5)
     assert not any(s in req["messages"][0]["content"] for s in SECRETS)
     kept = reference_job(j, parent, ("planner", 0, 99))
     assert (kept.status, kept.bad) == ("completed", True)
     assert j.run(kept.run_id).label == reference_label("planner") == "detect: planner by reference"
-    assert [s["seed"] for s in crew.server.requests[1:]] == [step_seed(99, k) for k in range(6)]
+    assert [s["seed"] for s in crew.server.requests[1:]] == [
+        step_seed(branch_stream(SEED, 99), k) for k in range(6)
+    ]
 
 
 def test_a_forward_run_the_model_fails_is_failed(crew: Crew) -> None:

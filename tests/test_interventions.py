@@ -27,7 +27,7 @@ from engine.interventions import (
 from engine.journal import Journal
 from engine.policies.registry import HonestPolicy
 from engine.replay import check_requests, fidelity
-from engine.runtime.seeds import step_seed
+from engine.runtime.seeds import branch_stream, step_seed
 from engine.state import state_at
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,12 +63,15 @@ def test_prefix_untouched_and_read_from_parent(recorded: tuple[Journal, str]) ->
 
 
 def test_do_resample_redraws_with_branch_seed(recorded: tuple[Journal, str]) -> None:
-    """do_resample re-decides step k and later steps with the branch's seeds."""
+    """do_resample re-decides step k and later steps with the branch's seeds: drawn from the
+    branch seed mixed with the run's (secret) root seed, not from the public branch seed alone
+    (decision 62)."""
     j, run = recorded
     branch = run_branch(j, parent_info(j, run), DoResample(3), branch_seed=99)
     calls = [e for e in own_events(j, branch.run_id) if isinstance(e, ev.LlmCall)]
     assert [c.step for c in calls] == list(range(3, 24))
-    assert [c.seed for c in calls] == [step_seed(99, k) for k in range(3, 24)]
+    assert [c.seed for c in calls] == [step_seed(branch_stream(21, 99), k) for k in range(3, 24)]
+    assert not {c.seed for c in calls} & {step_seed(99, k) for k in range(3, 24)}
     assert calls[0].seed != step_seed(21, 3)
 
 

@@ -33,7 +33,7 @@ from engine.journal import Journal
 from engine.policies.registry import make_policy
 from engine.replay import check_requests, fidelity, recorded_steps
 from engine.runtime.episode import EpisodeResult
-from engine.runtime.seeds import step_seed
+from engine.runtime.seeds import branch_stream, step_seed
 
 CAR = Path(sys.executable).with_name("car")
 CREW = """\
@@ -280,7 +280,7 @@ def test_fork_resample_at_last_step_runs_branches_against_the_server(recorded: R
         assert opening.branch_seed == branch_seed_for(0, i)
         (call,) = [e for e in own if isinstance(e, ev.LlmCall)]
         assert call.step == last and call.request == parent_call.request
-        assert call.seed == step_seed(opening.branch_seed, last)
+        assert call.seed == step_seed(branch_stream(SEED, opening.branch_seed), last)
         assert call.model == "smollm2"
         assert call.server == recorded.spec["base_url"]
         assert any(isinstance(e, ev.ChatMessage) and e.text == call.response for e in own)

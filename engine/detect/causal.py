@@ -50,7 +50,7 @@ from engine.otel.imported import IMPORTED_SCENARIO, not_rerunnable
 from engine.public import PublicRun, public_error
 from engine.runtime.episode import Overrides, run_episode
 from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
-from engine.runtime.seeds import step_seed
+from engine.runtime.seeds import branch_stream, step_seed
 
 OP = "reference"
 K_MAX = 20
@@ -102,6 +102,7 @@ def reference_branch(
     base = branch_base(journal, parent, k)
     s_k = base.state
     scenario = HeistScenario.from_state(s_k)
+    stream = branch_stream(s_k.root_seed, branch_seed)  # not the public branch seed alone
     spec = policy_spec_at(s_k)
     own = policy_for(spec)
     swap = SwapOne(own, agent, ReferenceView(scenario), reference_inner(spec))
@@ -123,7 +124,7 @@ def reference_branch(
             recorder,
             scenario,
             own,
-            lambda j: step_seed(branch_seed, j),
+            lambda j: step_seed(stream, j),
             list(base.prefix),
             overrides=Overrides(policy_from=(k, swap)),
             server=spec.get("base_url"),

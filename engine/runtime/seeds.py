@@ -17,6 +17,17 @@ def step_seed(root_seed: int, step: int) -> int:
     return int.from_bytes(digest, "big") & ((1 << 63) - 1)
 
 
+def branch_stream(root_seed: int, branch_seed: int) -> int:
+    """The seed a branch's steps are drawn from (`step_seed(branch_stream(r, b), k)`): its
+    branch seed mixed with the root seed of the run it belongs to. A branch seed is public (it
+    follows from the `--seed` a fork or an attribution was given); were a branch's step seeds
+    drawn from it alone, anyone could re-decide each of its steps with an agent's public
+    configuration and the seed, and see which agent does not reproduce: on a policy that is
+    deterministic given its seed, the mole (decision 62)."""
+    digest = hashlib.blake2b(f"car-branch:{root_seed}:{branch_seed}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") & ((1 << 63) - 1)
+
+
 def fresh_seed() -> int:
     """A root seed nobody chose: 63 random bits. A heist draws its world and its mole from
     its root seed, and the world shows in every tool result; with 32 bits a search of every
