@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.detect import calibration
 from engine.detect.rules import WEIGHTS, Msg, RuleScores, ToolUse, rule_scores
-from engine.errors import EngineError, JournalError
+from engine.errors import ConfigError, EngineError, JournalError
 from engine.journal import Journal
 from engine.public import PublicRun, public_view
 
@@ -320,9 +320,13 @@ def _with_llm(
 ) -> dict[str, Any]:
     from engine.detect import llm as L
     from engine.detect.journaling import journal_llm_step
+    from engine.urls import http_url_problem
 
     agents = list(view.agents)
     url = base_url or L.DEFAULT_BASE_URL
+    problem = http_url_problem(url)
+    if problem is not None:  # said in one line, not degraded to the rules as a server down is
+        raise ConfigError(f"bad LLM server URL {url!r}: {problem}")
     name = model or L.DEFAULT_MODEL
     given = options.get("seed")
     seed = int(given) if given is not None else _seed_for(view.run_id)  # --seed 0 is a seed

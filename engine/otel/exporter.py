@@ -486,9 +486,12 @@ def post(
     timeout: float = 30.0,
 ) -> str:
     """POST the document over OTLP/HTTP (JSON or protobuf); returns the URL it went to."""
+    from engine.urls import http_url_problem
+
     url = traces_endpoint(endpoint)
-    if not url.startswith(("http://", "https://")):
-        raise ExportError(f"--otlp-endpoint must be an http(s) URL, got {endpoint!r}")
+    problem = http_url_problem(url)
+    if problem is not None:
+        raise ExportError(f"--otlp-endpoint must be an http(s) URL, got {endpoint!r} ({problem})")
     if protocol == "http/json":
         body, content_type = dumps(document).encode(), "application/json"
     elif protocol == "http/protobuf":

@@ -156,17 +156,16 @@ class OpenAIPolicy:
         self.max_reply_bytes = _bounded_int(
             "max_reply_bytes", max_reply_bytes, MIN_REPLY_BYTES, MAX_REPLY_BYTES_LIMIT
         )
+        from engine.urls import http_url_problem
+
+        problem = http_url_problem(base_url)
+        if problem is not None:
+            raise ConfigError(f"bad LLM server URL {base_url!r}: {problem}")
         parts = urllib.parse.urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(
-                f"bad LLM server URL {base_url!r}: expected http://HOST[:PORT]/PATH or https://..."
-            )
-        try:
-            self._port = parts.port
-        except ValueError as e:
-            raise ConfigError(f"bad LLM server URL {base_url!r}: {e}") from e
+        self._port = parts.port
         self._https = parts.scheme == "https"
-        self._host = parts.hostname
+        assert parts.hostname is not None  # checked by http_url_problem
+        self._host: str = parts.hostname
         self._path = parts.path.rstrip("/") + "/chat/completions"
         self._api_key = os.environ.get("OPENAI_API_KEY") or "not-needed"
         self._cancelled = threading.Event()

@@ -102,7 +102,10 @@ class Upstream:
         timeout: float = DEFAULT_TIMEOUT,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
-        u = urllib.parse.urlsplit(base_url)
+        try:
+            u = urllib.parse.urlsplit(base_url)
+        except ValueError as e:  # a bracket left open: `http://[::1`
+            raise ConfigError(f"bad upstream URL {base_url!r}: {e}") from None
         if u.scheme not in ("http", "https") or not u.hostname:
             raise UpstreamError(f"upstream must be an http(s) URL, got {base_url!r}")
         if isinstance(timeout, bool) or not (
