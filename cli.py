@@ -425,7 +425,7 @@ def heist_cmd(
         stream = None if (quiet or as_json) else _print_step
         target = journal_target()
         # opening an existing journal may upgrade it: that is not cut short
-        leave_at_once = "://" not in target and not Path(target).expanduser().exists()
+        leave_at_once = "://" not in target and not os.path.exists(Path(target).expanduser())
         with open_journal() as j:
             leave_at_once = False
             if interrupts:  # before the run exists: nothing to close

@@ -74,6 +74,8 @@ SEEDED_FORKS = 8
 # An event's primary key is run_key * SPAN + seq: a run's events are one range of the rowid
 # B-tree (SQLite), found and appended to without a second index.
 SPAN = 2**32
+#: The longest run id the runs table holds (tables.RunRow.run_id).
+RUN_ID_MAX = 64
 #: How long a SQLite writer waits for the write lock before it gives up (seconds).
 BUSY_TIMEOUT_S = 30
 
@@ -388,12 +390,18 @@ class Journal:
     def _open_sqlite(self, create: bool, upgrade: bool) -> sqlite3.Connection:
         path = self.path
         assert path is not None
-        if not path.exists():
+        try:
+            exists = path.exists()
+        except OSError as e:  # a name too long, a loop of links ...
+            raise JournalError(f"cannot open journal {str(path)!r}: {e.strerror or e}") from None
+        if not exists:
             if not create:
                 raise JournalError(f"no journal at {str(path)!r}")
             _create_sqlite_journal(path)
         elif path.is_dir():
             raise NotAJournal(f"{str(path)!r} is a directory, not a journal file")
+        elif not path.is_file():
+            raise NotAJournal(f"{str(path)!r} is not a regular file (a device?), not a journal")
         elif path.stat().st_size == 0:
             raise NotAJournal(
                 f"{str(path)!r} is an empty file, not a journal (remove it to create one there)"
@@ -1021,7 +1029,8 @@ class Journal:
             row = row[:7]
         if row is None:
             found: list[str] = []
-            if run_id:
+            # no run id is longer (runs.run_id holds 64): nothing to look up as a prefix
+            if run_id and len(run_id) <= RUN_ID_MAX:
                 # a prefix is taken as written: LIKE's wildcards in it match only themselves
                 literal = run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
                 cur.execute(
@@ -1036,7 +1045,7 @@ class Journal:
                 return self._run_row(cur, found[0])
             if len(found) > 1:
                 raise UnknownRun(f"run id prefix {run_id!r} is ambiguous: {found!r}")
-            raise UnknownRun(f"unknown run id {run_id!r} (see `car runs`)")
+            raise UnknownRun(f"unknown run id {_clipped(run_id)!r} (see `car runs`)")
         info = self._run_info(row)
         if not self._in_tx:  # committed: only create_run inserts runs rows
             self._remember_run(info)
@@ -1130,8 +1139,18 @@ class Journal:
             return cached
         with self._read() as cur:
             chain: list[RunInfo] = [self._run_row(cur, run_id)]
+            seen = {chain[0].run_id}
             while chain[-1].parent_run_id is not None:
-                chain.append(self._run_row(cur, chain[-1].parent_run_id))
+                parent = chain[-1].parent_run_id
+                if parent in seen:
+                    # runs rows are written once and a parent before its branch: only an
+                    # altered journal loops (it walked forever, its memory growing)
+                    raise TamperedJournal(
+                        f"run {chain[0].run_id!r} has a parent cycle through run {parent!r}: "
+                        "the journal was altered (see `car verify`)"
+                    )
+                seen.add(parent)
+                chain.append(self._run_row(cur, parent))
         chain.reverse()
         segments: list[Segment] = []
         for i, info in enumerate(chain):
@@ -2094,8 +2113,9 @@ def _revision_of(names: set[str], run: Callable[[str], Any], where: str) -> str 
         if not {"events", "runs"} <= names:
             raise NotAJournal(f"{where} is not a journal: schema revision {current!r} is not ours")
         raise SchemaTooNew(
-            f"journal {where} has schema revision {current!r}, newer than this engine knows "
-            f"(latest {HEAD_REVISION!r}); upgrade causal-agent-replay"
+            f"journal {where} has schema revision {_clipped(current)!r}, which this engine does "
+            f"not know (its latest is {HEAD_REVISION!r}): written by a newer "
+            "causal-agent-replay (upgrade it), or altered (see `car verify`)"
         )
     return current
 
@@ -2144,18 +2164,36 @@ def _create_sqlite_journal(path: Path) -> None:
     """Create a new journal file atomically: built under a private name, then linked into place
     (link fails if the name exists), so a kill never leaves a half-made journal and concurrent
     first opens all end up using the one that won."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    where = repr(str(path))
+    wal = Path(f"{path}-wal")
+    if wal.exists():
+        # the log of a database that is gone (deleted with its log left behind, or a log
+        # copied without it): SQLite would read its pages into the new file under this name
+        raise JournalError(
+            f"cannot create a journal at {where}: {str(wal)!r}, the write-ahead log of a "
+            "database no longer there, lies beside it and would be read into the new one "
+            "(move it away, or remove it if its database was meant to go)"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JournalError(f"cannot create a journal at {where}: {e.strerror or e}") from None
     tmp = path.with_name(f".{path.name}.creating-{os.getpid()}-{os.urandom(4).hex()}")
     try:
-        conn = sqlite3.connect(tmp, isolation_level=None)
         try:
-            # 8 KiB pages fit ~1 KB events with less slack; only a new, empty file takes it
-            conn.execute("PRAGMA page_size=8192")
-            conn.execute("PRAGMA journal_mode=WAL")
-            _migrate_sqlite(conn, repr(str(path)))
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            conn.close()
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                # 8 KiB pages fit ~1 KB events with less slack; only a new, empty file takes it
+                conn.execute("PRAGMA page_size=8192")
+                conn.execute("PRAGMA journal_mode=WAL")
+                _migrate_sqlite(conn, repr(str(path)))
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                conn.close()
+        except (OSError, sqlite3.OperationalError) as e:
+            # a directory it cannot write, a name too long, a full disk: said in one line
+            reason = getattr(e, "strerror", None) or _first_line(e)
+            raise JournalError(f"cannot create a journal at {where}: {reason}") from None
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -2167,6 +2205,11 @@ def _create_sqlite_journal(path: Path) -> None:
         for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{tmp}{suffix}")
+
+
+def _clipped(text: str, limit: int = 80) -> str:
+    """`text` for a one-line message: at most `limit` characters, the rest said as `...`."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _utc_now() -> str:

@@ -90,7 +90,31 @@ def list_runs(
     for r in all_runs:
         if r.parent_run_id is not None:
             by_parent.setdefault(r.parent_run_id, []).append(r)
-    roots = [r for r in all_runs if r.parent_run_id is None][-limit:] if limit else []
+    every_root = [r for r in all_runs if r.parent_run_id is None]
+    # a run no root leads to (its parent chain loops: only an altered journal) is said too
+    reached: set[str] = set()
+    todo = [r.run_id for r in every_root]
+    while todo:
+        rid = todo.pop()
+        if rid not in reached:
+            reached.add(rid)
+            todo.extend(c.run_id for c in by_parent.get(rid, []))
+    parent_of = {r.run_id: r.parent_run_id for r in all_runs}
+
+    def in_cycle(rid: str) -> bool:
+        seen, at = {rid}, parent_of.get(rid)
+        while at is not None and at not in seen:
+            seen.add(at)
+            at = parent_of.get(at)
+        return at == rid
+
+    # left out with every branch under them, as a row that does not read
+    unreadable = list(unreadable) + [
+        UnreadableRun(r.run_id, "parent_run_id", f"run {r.run_id!r} is in a parent cycle")
+        for r in all_runs
+        if r.run_id not in reached and in_cycle(r.run_id)
+    ]
+    roots = every_root[-limit:] if limit else []
     rows: list[dict[str, Any]] = []
 
     def walk(info: RunInfo, depth: int) -> None:

@@ -121,7 +121,7 @@ def car(*args: str, journal: Path) -> subprocess.CompletedProcess[str]:
     [
         ("empty", ("show", "nope"), "unknown run id 'nope'"),
         ("junk", ("runs",), "is not a journal"),
-        ("future", ("runs",), "newer than this engine knows"),
+        ("future", ("runs",), "written by a newer causal-agent-replay"),
         ("missing", ("runs",), "no journal at"),
         ("tampered", ("verify",), "journal tampered: run"),
         ("empty", ("state", "nope", "--at", "1"), "unknown run id"),

@@ -1,0 +1,134 @@
+"""What a careless or hostile user's journal paths, URLs and altered journals got: a traceback,
+a hang, or a new journal built on another database's leftovers. Each now gets one `error:`
+line and a non-zero exit, and loses nothing. Real processes and real SQLite files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from journal_helpers import car
+
+from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
+from engine.interventions import DoResample, fork_many
+from engine.journal import Journal
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert proc.stderr.startswith("error: "), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+@pytest.fixture()
+def heist(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        run = record_heist(j, SimPolicy(), seed=3, rounds=1).run_id
+        fork_many(j, run, DoResample(2), 1)
+    return path, run
+
+
+def test_a_log_left_beside_a_missing_journal_is_not_read_into_a_new_one(
+    heist: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A journal deleted while its write-ahead log stayed (or a log copied alone): the next
+    `car heist` at that name built a new journal on top of it - SQLite replays a log whose
+    name matches - reported success, and `car verify` then found damaged pages. Now it refuses
+    in one line naming the log, and creates nothing."""
+    path, _ = heist
+    with Journal(path) as j:  # a log with pages in it: a writer that is still open
+        keep = sqlite3.connect(path)
+        keep.execute("PRAGMA wal_autocheckpoint=0")
+        j.create_run("more")
+        target = tmp_path / "new.db"
+        shutil.copyfile(f"{path}-wal", f"{target}-wal")
+        keep.close()
+    err = one_error_line(car(target, "heist", "-q", "--rounds", "1"))
+    assert "write-ahead log" in err and f"{target}-wal" in err
+    assert not target.exists() and Path(f"{target}-wal").exists()
+
+
+def test_a_parent_cycle_is_one_line_not_a_hang(heist: tuple[Path, str]) -> None:
+    """A run made its own parent by hand (triggers dropped): `car show` and the other readers
+    walked the parent chain forever, memory growing; `car runs --all` left the run out
+    silently. Now the readers fail in one line naming the cycle, and the listing says which
+    run it left out."""
+    path, run = heist
+    db = sqlite3.connect(path)
+    db.execute("DROP TRIGGER runs_no_update")
+    db.execute("UPDATE runs SET parent_run_id = run_id, fork_seq = 3 WHERE run_id = ?", (run,))
+    db.commit()
+    db.close()
+    for args in (["show", run], ["state", run, "--at", "2"], ["export", run]):
+        err = one_error_line(car(path, *args, timeout=60))
+        assert "parent cycle" in err and run in err
+    listed = car(path, "runs", "--all", "--json", timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert run in listed.stderr and "not listed" in listed.stderr
+    assert run not in {r["run_id"] for r in json.loads(listed.stdout)}
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["heist", "-q", "--policy", "openai", "--base-url", "http://[::1"], 2),
+        (["detect", "RUN", "--method", "llm", "--base-url", "http://[::1"], 1),
+        (["record", "--base-url", "http://[::1", "--", "true"], 1),
+        (["export", "RUN", "--otlp-endpoint", "http://[::1"], 1),
+    ],
+    ids=["heist", "detect-llm", "record", "export-otlp"],
+)
+def test_a_url_with_a_bracket_left_open_is_one_line(
+    heist: tuple[Path, str], args: list[str], code: int
+) -> None:
+    """`http://[::1` (a bracket left open) raised ValueError deep in the URL parser: a
+    traceback from every command that takes a server URL."""
+    path, run = heist
+    err = car(path, *[run if a == "RUN" else a for a in args])
+    line = one_error_line(err, code)
+    assert "http://[::1" in line and "IPv6" in line
+
+
+def test_journal_paths_that_cannot_be_made_are_one_line(tmp_path: Path) -> None:
+    """A journal under a regular file, a name longer than the file system takes, a device:
+    tracebacks (FileExistsError, OSError) or advice to remove a device node. Now one line, and
+    nothing made."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    err = one_error_line(car(blocker / "j.db", "heist", "-q", "--rounds", "1"))
+    assert "cannot create a journal" in err
+    long = tmp_path / ("a" * 300 + ".db")
+    err = one_error_line(car(long, "heist", "-q", "--rounds", "1"))
+    assert "File name too long" in err
+    err = one_error_line(car(Path("/dev/null"), "runs"))
+    assert "not a regular file" in err and "remove" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_run_id_longer_than_any_is_unknown_in_a_short_line(heist: tuple[Path, str]) -> None:
+    """100,000 characters as a run id: the prefix lookup failed with SQLite's "LIKE or GLOB
+    pattern too complex", blamed on the journal. Now it is an unknown run id, the id clipped."""
+    path, _ = heist
+    err = one_error_line(car(path, "show", "a" * 100_000))
+    assert "unknown run id" in err and len(err) < 200
+
+
+def test_a_schema_revision_this_engine_does_not_know_is_not_called_newer(
+    heist: tuple[Path, str],
+) -> None:
+    """An `alembic_version` holding a revision no engine wrote was reported as "newer than this
+    engine knows": it says it is unknown, and both ways it can come about."""
+    path, _ = heist
+    db = sqlite3.connect(path)
+    db.execute("UPDATE alembic_version SET version_num = '0006_old'")
+    db.commit()
+    db.close()
+    err = one_error_line(car(path, "runs"))
+    assert "'0006_old'" in err and "does not know" in err and "altered" in err
