@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import _signal  # the C module: importing `signal` itself takes a while (it builds enums)
+import contextlib
 import os
 
 
@@ -530,11 +531,34 @@ def leave(code: int) -> None:
 
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed (`2>&-`): nothing to flush
+            continue
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`car runs | head`) or stream
+        except OSError as e:
+            if _cannot_write(e):  # a full disk, not a reader gone: an error, said
+                _say_cannot_write(e)
+                code = code or 1
+            else:  # a closed pipe (`car runs | head`)
+                code = code or EXIT_PIPE_CLOSED
+        except ValueError:  # a closed stream
             code = code or EXIT_PIPE_CLOSED
     os._exit(code)
+
+
+def _cannot_write(e: BaseException) -> bool:
+    """An output that cannot take more (a full disk, `/dev/full`, an I/O error): not a closed
+    pipe, whose reader went away on purpose."""
+    import errno
+
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
+def _say_cannot_write(e: BaseException) -> None:
+    with contextlib.suppress(Exception):
+        if sys.stderr is not None:
+            sys.stderr.write(f"error: cannot write output: {getattr(e, 'strerror', e)}\n")
+            sys.stderr.flush()
 
 
 def main() -> None:
@@ -578,6 +602,10 @@ def main() -> None:
             # a Ctrl-C, also one that came out as another error (inside an import, say)
             ki = interrupt_behind(e)
             if ki is None:
+                if _cannot_write(e):
+                    # stdout on a full disk or a broken device (`> /dev/full`): said once
+                    _say_cannot_write(e)
+                    os._exit(1)
                 raise
             # no atexit hooks: they would wait for threads stuck in a network call
             hard_exit(getattr(ki, "message", "interrupted"))

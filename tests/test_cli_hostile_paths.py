@@ -132,3 +132,42 @@ def test_a_schema_revision_this_engine_does_not_know_is_not_called_newer(
     db.close()
     err = one_error_line(car(path, "runs"))
     assert "'0006_old'" in err and "does not know" in err and "altered" in err
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    """stdout on a full disk (`> /dev/full`): a traceback from every command, and a heist
+    closed as failed with "internal error: OSError". Now one line, exit 1, and the heist stays
+    completed (its output is written after its run is closed). A closed stderr (`2>&-`) made
+    a command that succeeded exit 1."""
+    import sys
+
+    from journal_helpers import ROOT
+
+    path = tmp_path / "j.db"
+
+    def run(*args: str, **streams: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cli", "--journal", str(path), *args],
+            cwd=ROOT, text=True, timeout=120, **streams,  # type: ignore[call-overload]
+        )  # fmt: skip
+
+    with open("/dev/full", "w") as full:
+        p = run("heist", "-q", "--rounds", "1", stdout=full, stderr=subprocess.PIPE)
+        assert (
+            p.returncode == 1
+            and p.stderr == "error: cannot write output: No space left on device\n"
+        )
+        for args in (["runs"], ["runs", "--json"], ["verify"], ["--version"]):
+            p = run(*args, stdout=full, stderr=subprocess.PIPE)
+            assert p.returncode == 1, (args, p.stderr)
+            assert p.stderr == "error: cannot write output: No space left on device\n", args
+    with Journal(path) as j:
+        (info,) = j.runs()
+        assert j.status(info.run_id) == "completed"
+    p = run("runs", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+    assert p.returncode == 0
+    closed = subprocess.run(
+        f"{sys.executable} -m cli --journal {path} runs >/dev/null 2>&-",
+        shell=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert closed.returncode == 0

@@ -58,8 +58,9 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     (
         "detect",
         "engine.commands.detect",
-        "Which agent sabotaged the run? Reads the public view only (causal and replay also "
-        "re-execute the crew); `confidence` is a calibrated probability.",
+        "Which agent sabotaged the run? Reads the public view only (causal also re-executes "
+        "the crew; replay re-decides each step with its recorded seed, so it needs an accused "
+        "run or --reveal); `confidence` is a calibrated probability.",
     ),
     (
         "detect-eval",
