@@ -417,9 +417,11 @@ def test_branch_actions_on_a_live_run_are_409(client: httpx.Client) -> None:
 
 
 def test_attribution_table(client: httpx.Client, finished: str) -> None:
-    """The attribution of a failed heist ranks every step with an effect and an interval and
-    names the causal locus; a run whose plan is not scored cannot be attributed."""
-    r = client.post(f"/api/sessions/{finished}/attribution", json={"k": 8, "seed": 1})
+    """The attribution of a failed heist (every step asked for) ranks every step with an effect
+    and an interval and names the causal locus; a run whose plan is not scored cannot be
+    attributed."""
+    body = {"k": 8, "seed": 1, "all_steps": True}
+    r = client.post(f"/api/sessions/{finished}/attribution", json=body)
     assert r.status_code == 200, r.text
     data = r.json()
     assert data["method"] == "contrastive" and data["forward_runs"] > 0
