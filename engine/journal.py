@@ -427,6 +427,15 @@ class Journal:
                 conn.close()
             if _is_busy(e):
                 raise JournalBusy(f"cannot open journal {self._where()}: {_first_line(e)}") from e
+            if isinstance(e, sqlite3.OperationalError) and (
+                "readonly database" in str(e) or "unable to open" in str(e)
+            ):
+                # a journal whose directory it cannot write in: not a bad file
+                raise JournalError(
+                    f"cannot open journal {self._where()}: {_first_line(e)} (SQLite keeps its "
+                    "-wal and -shm files beside it: make its directory writable, or copy the "
+                    "journal to one that is)"
+                ) from e
             raise NotAJournal(f"{self._where()} is not a journal: {_first_line(e)}") from e
         try:
             if current is None:

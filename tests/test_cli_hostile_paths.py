@@ -171,3 +171,45 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
         shell=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert closed.returncode == 0
+
+
+def test_a_journal_in_a_directory_it_cannot_write_is_not_called_no_journal() -> None:
+    """A journal whose directory is read-only to the user (SQLite must make its -wal and -shm
+    files beside it): "is not a journal: attempt to write a readonly database". Now it says it
+    cannot open it and why. Run as a user the permissions bind (root drops to nobody)."""
+    import os
+    import sys
+    import tempfile
+
+    from journal_helpers import ROOT
+
+    top = Path(tempfile.mkdtemp(prefix="car-ro-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        d = top / "d"
+        d.mkdir()
+        path = d / "j.db"
+        with Journal(path) as j:
+            record_heist(j, SimPolicy(), seed=3, rounds=1)
+            j.checkpoint()
+        for extra in ("-wal", "-shm"):
+            Path(f"{path}{extra}").unlink(missing_ok=True)
+        path.chmod(0o666)
+        d.chmod(0o555)
+        as_user = (
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            if os.geteuid() == 0
+            else []
+        )
+        p = subprocess.run(
+            [*as_user, sys.executable, "-m", "cli", "--journal", str(path), "runs"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )  # fmt: skip
+        err = one_error_line(p)
+        assert "cannot open journal" in err and "not a journal" not in err
+        assert "directory writable" in err
+    finally:
+        for sub in (top / "d", top):
+            sub.chmod(0o755)
+        shutil.rmtree(top)
