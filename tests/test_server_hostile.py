@@ -385,6 +385,45 @@ def test_shutdown_cancels_a_heist_waiting_on_a_slow_model(tmp_path: Path) -> Non
         assert j.status(sid) == "stopped"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "term"])
+def test_shutdown_stops_an_attribution_in_flight_and_closes_its_branches(
+    tmp_path: Path, sig: int
+) -> None:
+    """Ctrl-C (or SIGTERM) while a long Shapley attribution runs: the client got a plain-text
+    500, the server printed a CancelledError traceback and a branch stayed open, then read
+    `abandoned`. Now the forward runs stop within a step, their branches are closed as
+    stopped, and the client gets a JSON 503 before the server exits."""
+    journal = tmp_path / "j.db"
+    got: dict[str, httpx.Response] = {}
+    with car_serve(journal, "--workers", "1") as s, s.client() as c:
+        sid = finished_heist(c)
+
+        def attribute() -> None:
+            body = {"method": "shapley", "budget": 5000, "seed": 7}
+            got["r"] = c.post(f"/api/sessions/{sid}/attribution", json=body, timeout=60)
+
+        t = threading.Thread(target=attribute)
+        t.start()
+        deadline = time.monotonic() + 30
+        while len(_children(journal, sid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        s.proc.send_signal(sig)
+        t.join(60)
+        s.proc.wait(30)
+        err = s.proc.stderr.read() if s.proc.stderr else ""
+    r = got["r"]
+    assert r.status_code == 503 and "shutting down" in r.json()["error"], r.text
+    assert "Traceback" not in err, err
+    with Journal(journal, readonly=True) as j:
+        statuses = {j.status(b) for b in _children(journal, sid)}
+    assert "stopped" in statuses and statuses <= {"completed", "stopped"}, statuses
+
+
+def _children(journal: Path, run: str) -> list[str]:
+    with Journal(journal, readonly=True) as j:
+        return [b.run_id for b in j.children(run)]
+
+
 # ------------------------------------------------------------------ 9: every error is JSON
 
 

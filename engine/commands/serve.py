@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -124,7 +124,19 @@ def serve_cmd(
     )
     sys.stderr.flush()
     config = uvicorn.Config(app, log_level=log_level.lower(), timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Ctrl-C or SIGTERM: the forks and attributions in flight stop within a step and
+            # close their branches as stopped (engine.workers.STOP, as on the CLI), so their
+            # requests end inside the graceful shutdown instead of being cut off with their
+            # branches left open
+            from engine.workers import STOP
+
+            STOP.set()
+            super().handle_exit(sig, frame)
+
+    server = _Server(config)
     try:
         server.run(sockets=[sock])
     finally:

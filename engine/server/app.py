@@ -133,9 +133,23 @@ class Jobs:
             )
         self.admitted += 1
         try:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+            return await anyio.to_thread.run_sync(_stoppable, fn, *args, limiter=self.limiter)
         finally:
             self.admitted -= 1
+
+
+def _stoppable(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a request's thread; stopped by the server's shutdown (its forward runs
+    raise the interrupt the CLI turns into exit 130), it is an error reply, not a
+    KeyboardInterrupt thrown into the event loop."""
+    try:
+        return fn(*args)
+    except KeyboardInterrupt:
+        raise ApiError(
+            503,
+            "the server is shutting down: the forward runs in flight were stopped and their "
+            "branches closed as stopped",
+        ) from None
 
 
 def _renderable(value: Any) -> Any:
