@@ -1950,17 +1950,20 @@ class Journal:
                     return self._int_cell(row[0], "seq", seg.run_id, row[0])
         return None
 
-    def last_stepped(self, run_id: str) -> tuple[int, int] | None:
-        """(step, seq) of the last event that belongs to a step, None if there is none."""
+    def last_stepped(self, run_id: str, skip_kinds: Sequence[str] = ()) -> tuple[int, int] | None:
+        """(step, seq) of the last event that belongs to a step (and is of none of
+        `skip_kinds`), None if there is none."""
+        skip = [self.kind_cell(k) for k in skip_kinds]
+        unless = f" AND kind NOT IN ({', '.join('?' * len(skip))})" if skip else ""
         for seg in reversed(self.lineage(run_id)):
             with self._read() as cur:
                 where, args = self._span(cur, seg.run_id, seg.start, seg.stop)
                 cur.execute(
                     self._q(
                         f"SELECT step, seq FROM events WHERE {where} AND step IS NOT NULL"
-                        f" ORDER BY {self._ord} DESC LIMIT 1"
+                        f"{unless} ORDER BY {self._ord} DESC LIMIT 1"
                     ),
-                    args,
+                    [*args, *skip],
                 )
                 row = cur.fetchone()
             if row is not None:
@@ -1969,9 +1972,10 @@ class Journal:
                 return step, self._int_cell(row[1], "seq", seg.run_id, row[1])
         return None
 
-    def steps(self, run_id: str) -> int:
-        """Number of agent steps in the run's history."""
-        last = self.last_stepped(run_id)
+    def steps(self, run_id: str, skip_kinds: Sequence[str] = ()) -> int:
+        """Number of agent steps in the run's history (counting only events of none of
+        `skip_kinds`)."""
+        last = self.last_stepped(run_id, skip_kinds)
         return 0 if last is None else last[0] + 1
 
     def last_event(self, run_id: str) -> StoredEvent | None:

@@ -13,7 +13,7 @@ import msgspec
 from engine import events as ev
 from engine.journal import Journal, RunInfo, UnreadableRun
 from engine.policies.base import ChatLine
-from engine.public import PublicRun, public_error, public_state, public_view
+from engine.public import PublicRun, public_error, public_state, public_steps, public_view
 from engine.state import State, edit_transcript, next_agent, shown_state
 
 
@@ -40,7 +40,7 @@ def run_summary(
         "parent_run_id": info.parent_run_id,
         "fork_step": fork_step(j, info),
         "created_at": info.created_at,
-        "steps": j.steps(info.run_id),
+        "steps": public_steps(j, info.run_id),
         "status": status,
         "outcome": outcome,
         "branches": len(j.children(info.run_id)) if branches is None else branches,

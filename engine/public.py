@@ -95,6 +95,13 @@ class PublicRun(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
+def public_steps(journal: Journal, run_id: str) -> int:
+    """How many steps the run shows the public: `public_view(...).steps` without reading the
+    run (a listing's count), so a run that failed in a step's LLM call counts the steps before
+    it, as its view does, not the failed call's."""
+    return journal.steps(run_id, skip_kinds=sorted(_HIDDEN_KINDS))
+
+
 def _public_rows(
     journal: Journal, run_id: str, after_seq: int = -1, stop: int | None = None
 ) -> Iterator[StoredEvent]:

@@ -213,3 +213,32 @@ def test_a_journal_in_a_directory_it_cannot_write_is_not_called_no_journal() -> 
         for sub in (top / "d", top):
             sub.chmod(0o755)
         shutil.rmtree(top)
+
+
+def test_a_run_failed_in_a_calls_step_counts_the_steps_before_it(tmp_path: Path) -> None:
+    """A heist whose model server refuses its third call fails at step 2: `car show` said 2
+    steps, `car runs` and the server's sessions list 3 (they counted the failed call's row).
+    Every listing now says what the public view says."""
+    from llm_helpers import completion, scripted_server
+    from server_helpers import car_serve
+
+    path = tmp_path / "j.db"
+    calls = [0]
+
+    def reply(_: dict[str, object]) -> tuple[int, dict[str, object]]:
+        calls[0] += 1
+        if calls[0] <= 2:
+            return 200, completion("Checking the rota.")
+        return 400, {"error": {"message": "bad request"}}
+
+    with scripted_server(reply) as server:
+        p = car(path, "heist", "--policy", "openai", "--base-url", server.url, "--model", "m",
+                "--rounds", "1", "-q", "--json")  # fmt: skip
+    assert p.returncode == 1 and json.loads(p.stdout)["status"] == "failed", p.stderr
+    run = json.loads(p.stdout)["run_id"]
+    shown = json.loads(car(path, "show", run, "--json").stdout)
+    listed = json.loads(car(path, "runs", "--json").stdout)
+    assert shown["steps"] == 2 and [r["steps"] for r in listed] == [2]
+    with car_serve(path) as s, s.client() as c:
+        (session,) = c.get("/api/sessions").json()["sessions"]
+        assert session["steps"] == 2

@@ -92,7 +92,7 @@ def session_summary(journal: Journal, info: RunInfo, branches: int | None = None
         "session_id": info.run_id,
         "created_at": info.created_at,
         "status": status,
-        "steps": journal.steps(info.run_id),
+        "steps": public.public_steps(journal, info.run_id),
         "agents": started.get("agents", []),
         "policy": started.get("policy"),
         "outcome": None
