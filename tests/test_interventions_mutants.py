@@ -646,3 +646,96 @@ def test_runner_counts_branches_over_batches(recorded: tuple[Journal, str]) -> N
         runner.run([BranchSpec(DoResample(5), branch_seed_for(31, 0))])
         runner.run([BranchSpec(DoResample(5), branch_seed_for(31, i)) for i in (1, 2)])
         assert runner.created == 3
+
+
+# ------------------------------------------------------------------ server flags where taken
+
+
+@pytest.fixture(scope="module")
+def swapped(recorded: tuple[Journal, str]) -> Iterator[tuple[Journal, str, str]]:
+    """A branch of the sim heist that swapped in the openai policy at step 3 (a scripted
+    server answers its calls at once): forks at steps up to 3 are decided by sim, later ones
+    by openai."""
+    from llm_helpers import completion, scripted_server
+
+    j, run = recorded
+    with scripted_server(lambda _r: (200, completion("Checking."))) as server:
+        spec = {"name": "openai", "base_url": server.url, "model": "m", "timeout": 30}
+        rep = fork_many(j, run, DoPolicy(3, spec), 1)
+        assert [b.status for b in rep.branches] == ["completed"], rep.branches
+        yield j, rep.branches[0].run_id, server.url
+
+
+def test_check_override_sends_flags_where_a_policy_takes_them(
+    swapped: tuple[Journal, str, str],
+) -> None:
+    """An attribution's check (where_taken) accepts --base-url on a branch where openai
+    decides some forks and sim others, and returns it parsed; a fork's strict check at a
+    sim-decided step refuses it naming the swap; flags no policy in force takes all of are
+    refused either way."""
+    from engine.interventions import check_override
+
+    j, branch = swapped[0], swapped[1]
+    parent = parent_info(j, branch)
+    flags = {"base_url": "http://127.0.0.1:9/v1", "timeout": "5"}
+    assert check_override(j, parent, flags, where_taken=True) == {
+        "base_url": "http://127.0.0.1:9/v1",
+        "timeout": 5.0,
+    }
+    assert check_override(j, parent, flags, [4]) == {
+        "base_url": "http://127.0.0.1:9/v1",
+        "timeout": 5.0,
+    }
+    with pytest.raises(InterventionError) as e:
+        check_override(j, parent, flags)
+    assert str(e.value) == (
+        f"--base-url, --timeout do not apply to policy sim (the policy in force at steps 0..3 "
+        f"of run {branch}; its do_policy swap to openai at step 3 decides forks after that step)"
+    )
+    with pytest.raises(InterventionError, match=r"^--model does not apply to policy sim \("):
+        check_override(j, parent, {"drift": "0.1", "model": "m"}, where_taken=True)
+    refused = r"^--base-url, --timeout do not apply to policy sim$"
+    with pytest.raises(InterventionError, match=refused):
+        check_override(j, parent, flags, [])  # no step: the run's recorded policy
+    with pytest.raises(InterventionError, match=refused):
+        root = parent_info(j, j.run(branch).parent_run_id or "")
+        check_override(j, root, flags, where_taken=True)
+
+
+def test_applied_override_is_all_or_nothing_per_policy() -> None:
+    """A branch gets the whole override when its policy takes every flag, none of it else; an
+    override naming a policy (do_policy's) is taken as it is; no override is an empty one."""
+    from engine.interventions import applied_override
+
+    flags = {"base_url": "http://x/v1", "timeout": 5.0}
+    assert applied_override({"name": "openai"}, flags) == flags
+    assert applied_override({"name": "openai"}, flags) is not flags
+    assert applied_override({"name": "sim"}, flags) == {}
+    assert applied_override({"name": "openai"}, {**flags, "drift": 0.1}) == {}
+    assert applied_override({"name": "sim"}, {"drift": 0.1}) == {"drift": 0.1}
+    assert applied_override({"name": "sim"}, {"name": "openai", **flags}) == {
+        "name": "openai",
+        **flags,
+    }
+    assert applied_override({"name": "openai"}, None) == {}
+    assert applied_override({"name": "openai"}, {}) == {}
+    assert applied_override({}, flags) == {}
+
+
+def test_a_branch_the_override_does_not_reach_keeps_its_key(
+    swapped: tuple[Journal, str, str],
+) -> None:
+    """The label (key) of a branch forked where sim decides is the same with the server flags
+    as without them: a run without the flags reuses it. Where openai decides, they change it."""
+    j, branch = swapped[0], swapped[1]
+    parent = parent_info(j, branch)
+    flags = {"base_url": "http://127.0.0.1:9/v1", "timeout": 5.0}
+    spec = BranchSpec(DoResample(1), 5)
+    with BranchRunner(j, parent, policy_override=flags, reuse=True) as r:
+        (made,) = r.run([spec])
+    with BranchRunner(j, parent, reuse=True) as r:
+        (again,) = r.run([spec])
+        assert (r.reused, again.run_id) == (1, made.run_id)
+    assert branch_key(branch, DoResample(4), 5, None, flags) != branch_key(
+        branch, DoResample(4), 5, None, None
+    )
