@@ -759,22 +759,33 @@ def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[Imp
                 f"{t.source}: trace {t.trace_id} cannot be journaled: {e}"
             ) from e
         ready.append((t, events, payloads))
-    done = []
-    for t, events, payloads in ready:
-        # the run and its events in one transaction: never an empty run left behind
-        run_id = journal.create_run(
-            IMPORTED_SCENARIO, label=f"trace {t.trace_id}", events=events, payloads=payloads
-        )
-        done.append(
-            ImportedRun(
-                run_id=run_id,
-                trace_id=t.trace_id,
-                agents=list(t.agents),
-                steps=len(t.steps),
-                tool_calls=sum(len(s.tools) for s in t.steps),
-                status="failed" if t.error is not None else "completed",
+    done: list[ImportedRun] = []
+    try:
+        for t, events, payloads in ready:
+            # the run and its events in one transaction: never an empty run left behind
+            run_id = journal.create_run(
+                IMPORTED_SCENARIO, label=f"trace {t.trace_id}", events=events, payloads=payloads
             )
-        )
+            done.append(
+                ImportedRun(
+                    run_id=run_id,
+                    trace_id=t.trace_id,
+                    agents=list(t.agents),
+                    steps=len(t.steps),
+                    tool_calls=sum(len(s.tools) for s in t.steps),
+                    status="failed" if t.error is not None else "completed",
+                )
+            )
+    except KeyboardInterrupt:
+        # Ctrl-C between two traces (each is whole): say how far the import got, since
+        # importing the file again imports every trace again
+        from engine.workers import Interrupted
+
+        which = f" (runs {done[0].run_id} .. {done[-1].run_id})" if done else ""
+        raise Interrupted(
+            f"interrupted: {len(done)} of {len(ready)} traces imported{which}; importing the "
+            "file again imports every trace again"
+        ) from None
     return done
 
 
