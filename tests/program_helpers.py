@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -149,6 +150,8 @@ class ReorderingServer(CannedServer):
         self.hold = hold
         self.posts = 0
         self.second_answered = threading.Event()
+        self.first_answered = threading.Event()
+        self.settle = 0.5  # seconds between the second answer and the first
 
 
 class _ReorderingHandler(_Handler):
@@ -160,6 +163,15 @@ class _ReorderingHandler(_Handler):
             n = self.server.posts
         if n == 1:
             self.server.second_answered.wait(self.server.hold)
+            # the proxy journals the second answer in the thread that got it: give it time to,
+            # or the first, answered a moment later, may be journaled first (seen once in CI)
+            time.sleep(self.server.settle)
+        elif n > 2:
+            # later calls (the second's task going on) wait for the first's answer: the two
+            # swapped are the journal's first two steps
+            self.server.first_answered.wait(self.server.hold)
         super().do_POST()
+        if n == 1:
+            self.server.first_answered.set()
         if n == 2:
             self.server.second_answered.set()
