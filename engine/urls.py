@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import urllib.parse
 
+#: What `http_url_problem` says of a URL that parses but is no http(s) URL with a host.
+NOT_HTTP = "expected http://HOST[:PORT]/PATH or https://..."
+
 
 def http_url_problem(url: str) -> str | None:
     """What is wrong with `url` as http(s)://HOST[:PORT]/PATH, None if nothing is: a bracket
@@ -15,5 +18,5 @@ def http_url_problem(url: str) -> str | None:
     except ValueError as e:
         return str(e)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "expected http://HOST[:PORT]/PATH or https://..."
+        return NOT_HTTP
     return None

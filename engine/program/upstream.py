@@ -102,12 +102,14 @@ class Upstream:
         timeout: float = DEFAULT_TIMEOUT,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
-        try:
-            u = urllib.parse.urlsplit(base_url)
-        except ValueError as e:  # a bracket left open: `http://[::1`
-            raise ConfigError(f"bad upstream URL {base_url!r}: {e}") from None
-        if u.scheme not in ("http", "https") or not u.hostname:
+        from engine.urls import NOT_HTTP, http_url_problem
+
+        problem = http_url_problem(base_url)
+        if problem == NOT_HTTP:
             raise UpstreamError(f"upstream must be an http(s) URL, got {base_url!r}")
+        if problem is not None:  # a bracket left open (`http://[::1`), a port out of range
+            raise ConfigError(f"bad upstream URL {base_url!r}: {problem}")
+        u = urllib.parse.urlsplit(base_url)
         if isinstance(timeout, bool) or not (
             isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
         ):
@@ -122,12 +124,9 @@ class Upstream:
             )
         self.url = base_url.rstrip("/")
         self.https = u.scheme == "https"
-        self.host = u.hostname
-        try:
-            port = u.port  # a port out of range raises here
-        except ValueError as e:
-            raise ConfigError(f"bad upstream URL {base_url!r}: {e}") from e
-        self.port = port or (443 if self.https else 80)
+        assert u.hostname is not None  # checked by http_url_problem
+        self.host: str = u.hostname
+        self.port = u.port or (443 if self.https else 80)
         self.prefix = u.path.rstrip("/")
         self.timeout = float(min(timeout, MAX_TIMEOUT_S))
         self.max_reply_bytes = max_reply_bytes
