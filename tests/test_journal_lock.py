@@ -40,6 +40,22 @@ def _busy_timeout(j: Journal) -> int:
     return int(j._conn.execute("PRAGMA busy_timeout").fetchone()[0])
 
 
+def _append_while_held(
+    j: Journal, path: Path, run: str, head: int, hold: float
+) -> tuple[int, float]:
+    """Append one step while another connection holds the write lock for `hold` seconds:
+    the new head and the seconds the append took."""
+    other = _hold_lock(path)
+    release = threading.Timer(hold, lambda: other.execute("COMMIT"))
+    release.start()
+    t0 = time.perf_counter()
+    head = j.append(run, _say(1), head)
+    waited = time.perf_counter() - t0
+    release.join()
+    other.close()
+    return head, waited
+
+
 @pytest.mark.parametrize("parallel", [True, False])
 def test_a_writer_waits_for_the_lock_then_appends(tmp_path: Path, parallel: bool) -> None:
     """The lock is held by another connection for 0.15 s: the append waits for it, then
@@ -47,14 +63,7 @@ def test_a_writer_waits_for_the_lock_then_appends(tmp_path: Path, parallel: bool
     path = tmp_path / "j.db"
     with Journal(path) as j:
         run, head = _one_step(j, parallel)
-        other = _hold_lock(path)
-        release = threading.Timer(0.15, lambda: other.execute("COMMIT"))
-        release.start()
-        t0 = time.perf_counter()
-        head = j.append(run, _say(1), head)
-        waited = time.perf_counter() - t0
-        release.join()
-        other.close()
+        head, waited = _append_while_held(j, path, run, head, 0.15)
         assert head == 2 and waited >= 0.14
         assert [e.text for e in j.events(run)] == ["line 0", "line 1"]  # type: ignore[attr-defined]
         assert _busy_timeout(j) == journal_mod.BUSY_TIMEOUT_S * 1000
@@ -144,14 +153,7 @@ def test_a_writer_follows_a_release_within_its_poll_interval(tmp_path: Path) -> 
     path = tmp_path / "j.db"
     with Journal(path) as j:
         run, head = _one_step(j, False)
-        other = _hold_lock(path)
-        release = threading.Timer(0.5, lambda: other.execute("COMMIT"))
-        release.start()
-        t0 = time.perf_counter()
-        j.append(run, _say(1), head)
-        waited = time.perf_counter() - t0
-        release.join()
-        other.close()
+        _, waited = _append_while_held(j, path, run, head, 0.5)
         assert 0.49 <= waited < 0.75
 
 
