@@ -522,6 +522,7 @@ def leave(code: int) -> None:
     # the command is over: a Ctrl-C now must not break into the exit hooks (main's `finally`
     # ignores it from here on, the exit status stays the command's)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as before the command: it ends the process
     import threading
 
     main = threading.main_thread()
@@ -578,6 +579,10 @@ def main() -> None:
         # from here on Ctrl-C is a KeyboardInterrupt that the handlers below turn into one line
         # (also while the command's own module is imported, which happens inside app())
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # SIGTERM (a supervisor, `kill PID`) ends every command as Ctrl-C does: one line and
+        # exit 130 (it ended `car detect` or `car import` silently, by the signal); the
+        # commands that record or fork install their own handlers for both
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
         try:
             rv = app(standalone_mode=False)
@@ -617,6 +622,7 @@ def main() -> None:
         # shuts down, putting back the default SIGINT handler: a Ctrl-C then would end the
         # process by the signal, with no line. Ignored, the exit status stays the command's.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

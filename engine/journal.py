@@ -924,6 +924,11 @@ class Journal:
 
     # ------------------------------------------------------------------ runs
 
+    def new_run_id(self) -> str:
+        """A fresh run id, for a caller that must know it before `create_run` returns (to
+        close the run if an interrupt comes out of the creating transaction's commit)."""
+        return self._ids()
+
     def create_run(
         self,
         scenario: str,
@@ -1248,10 +1253,25 @@ class Journal:
         self._writable()
         if payloads is None:
             payloads = [ev.encode_checked(e) for e in events]
-        if self.write_version >= 4 and expected_seq and run_id not in self._compactors:
-            self._warm_compactor(run_id, expected_seq)
-        ready = self._prepare(run_id, events, expected_seq, payloads)
-        return self._write(run_id, events, expected_seq, payloads, ready)
+        try:
+            if self.write_version >= 4 and expected_seq and run_id not in self._compactors:
+                self._warm_compactor(run_id, expected_seq)
+            ready = self._prepare(run_id, events, expected_seq, payloads)
+            return self._write(run_id, events, expected_seq, payloads, ready)
+        except BaseException:
+            # whatever ended the append (a lost race, Ctrl-C in the middle of compacting or
+            # of the commit): what this writer noted of the step may name rows that are not
+            # there, and a retry (the recorder's closing flush) would refer to them
+            self._forget(run_id)
+            raise
+
+    def _forget(self, run_id: str) -> None:
+        """Drop what this writer remembers of a run's rows after an append that may not have
+        committed: its compactor, packing plains and cached head hash. A cold writer costs
+        bytes (it writes inline and reads the head back), never correctness."""
+        self._compactors.pop(run_id, None)
+        self._plains.pop(run_id, None)
+        self._head_hash.pop(run_id, None)
 
     def _write(
         self,
@@ -1269,16 +1289,10 @@ class Journal:
         # The lock is taken with the transaction begun (`_hold_for_write`: waiting for another
         # process's write lock, it lets this journal's readers in)
 
-        def forget() -> None:
-            # the writer's memory may name events of this step, which were not written
-            self._compactors.pop(run_id, None)
-            self._plains.pop(run_id, None)
-            self._text_base_pending = None
-
         try:
             self._begun = self._hold_for_write()
         except BaseException:
-            forget()
+            self._forget(run_id)  # the writer's memory may name events of this step
             raise
         try:
             self._pending_texts = {}
@@ -1293,7 +1307,8 @@ class Journal:
                     if any(isinstance(e, ev.RunEnded) for e in events):
                         self._release_lease(cur, run_id)
             except BaseException:
-                forget()
+                self._forget(run_id)
+                self._text_base_pending = None  # under the lock: its transaction's alone
                 raise
             finally:
                 pending, self._pending_texts = self._pending_texts, {}
@@ -1422,9 +1437,7 @@ class Journal:
                 cells,
             )
         except Exception as e:
-            self._head_hash.pop(run_id, None)
-            # its memory may name events that were not written
-            self._compactors.pop(run_id, None)
+            # (`_write` forgets what this writer noted of the step)
             if _is_unique_violation(e):
                 raise ConcurrencyError(
                     f"run {run_id!r}: seq {rows[0][1]} was already written by another writer"
@@ -1451,11 +1464,8 @@ class Journal:
             comp = self._compactors[run_id] = ev.Compactor(positional=self.write_version >= 5)
             if rows[0][1] > 0:
                 self._seed(comp, run_id, rows[0][1])
-        try:
-            out = [(r[0], r[1], r[2], r[3], r[4], comp.compact(r[1], r[5]), r[6]) for r in rows]
-        except BaseException:
-            self._compactors.pop(run_id, None)
-            raise
+        # (a failure from here on: `append` forgets the compactor, which may have noted rows)
+        out = [(r[0], r[1], r[2], r[3], r[4], comp.compact(r[1], r[5]), r[6]) for r in rows]
         texts, comp.texts = comp.texts, {}
         if self.write_version >= 6:
             plains = [r[5] for r in out]

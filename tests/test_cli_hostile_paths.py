@@ -242,3 +242,36 @@ def test_a_run_failed_in_a_calls_step_counts_the_steps_before_it(tmp_path: Path)
     with car_serve(path) as s, s.client() as c:
         (session,) = c.get("/api/sessions").json()["sessions"]
         assert session["steps"] == 2
+
+
+def test_sigterm_ends_any_command_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM (a supervisor, `kill PID`) in the middle of `car detect-eval`: the process died by
+    the signal, with no word (the recording and forking commands already treated it as
+    Ctrl-C). Now it is one `interrupted` line and exit 130, as Ctrl-C, and the journal reads."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from journal_helpers import ROOT
+
+    path = tmp_path / "j.db"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--journal", str(path), "detect-eval", "--games", "500",
+         "-m", "causal"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if path.exists():
+            with Journal(path, readonly=True) as j:
+                if len(j.runs()) >= 3:
+                    break
+        time.sleep(0.1)
+    assert p.poll() is None, p.communicate()
+    os.kill(p.pid, signal.SIGTERM)
+    _out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (p.returncode, err)
+    assert err.strip().splitlines()[-1].startswith("interrupted"), err
+    assert "Traceback" not in err
+    assert car(path, "verify").returncode == 0

@@ -263,18 +263,22 @@ def test_a_drawn_seed_is_not_printed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("on_created", [None, lambda run_id: None])
-def test_an_opening_the_journal_refuses_closes_the_run_failed(
+def test_an_opening_the_journal_refuses_creates_no_run(
     tmp_path: Path, on_created: Callable[[str], None] | None
 ) -> None:
     """A crew built without the loader whose text no event can hold (a lone surrogate):
-    record_run raises, and the run it created is closed failed, not left `recording`
-    (with or without a live viewer's first flush)."""
+    record_run raises, and nothing is written: the run and its opening are one transaction
+    (it used to create the run, then close it failed), and a live viewer is never told of it."""
     crew = unjournalable_crew()
+    told: list[str] = []
     with Journal(tmp_path / "j.db") as j:
         with pytest.raises(JournalError, match="surrogates not allowed"):
-            record_heist(j, SimPolicy(), seed=3, rounds=1, config=crew, on_created=on_created)
-        (run,) = j.runs()
-        assert j.status(run.run_id) == "failed"
+            record_heist(
+                j, SimPolicy(), seed=3, rounds=1, config=crew,
+                on_created=None if on_created is None else told.append,
+            )  # fmt: skip
+        assert j.runs() == []
+    assert told == []
 
 
 @pytest.mark.parametrize("seed", [-1, 2**63, 2**64, 10**26])

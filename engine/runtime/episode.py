@@ -13,6 +13,7 @@ from typing import Any
 
 from engine import events as ev
 from engine.errors import PolicyError, interrupt_behind
+from engine.journal import ConcurrencyError, Journal
 from engine.logging import bind, get_logger, unbind
 from engine.policies.base import (
     AgentView,
@@ -27,7 +28,7 @@ from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
 from engine.runtime.recorder import Recorder
 from engine.scenario import SteppedScenario
-from engine.state import State
+from engine.state import State, apply
 
 log = get_logger("car.runtime")
 
@@ -182,12 +183,35 @@ def close_after(recorder: Recorder, exc: BaseException) -> None:
         recorder.append([end])
         recorder.flush()
         return
+    except ConcurrencyError:
+        pass  # the group had committed before its append raised (Ctrl-C during the COMMIT)
     except Exception as e:  # the journal itself may be what failed; the original error wins
         log.error("could not close the run with its pending steps", error=str(e))
     try:
-        recorder.head = recorder.journal.append(recorder.run_id, [end], recorder.head)
+        # at the run's head as stored: an interrupt that came after the group's commit (during
+        # the commit itself, say) leaves the group written and the recorder's head behind it;
+        # this process holds the run's lease, so nobody else wrote there
+        head = recorder.journal.head(recorder.run_id)
+        recorder.head = recorder.journal.append(recorder.run_id, [end], head)
+        recorder.drop_pending()  # written before, or given up: closed either way
     except Exception as e:
         log.error("could not close the run", error=str(e))
+
+
+def close_created(journal: Journal, run_id: str, exc: BaseException) -> None:
+    """Close a run whose creation an interrupt broke into: its transaction may have committed
+    before the exception came out of it (a Ctrl-C during COMMIT), and then it would stay open
+    with nobody writing it. Nothing to do when the run was not created."""
+    try:
+        if journal.status(run_id) != "recording":
+            return
+        state = State()
+        for e in journal.events(run_id):
+            state = apply(state, e)
+        recorder = Recorder(journal, run_id, state, state.seq, leased=True)
+    except Exception:  # not created (UnknownRun), or the journal itself is what failed
+        return
+    close_after(recorder, exc)
 
 
 def _step_events(

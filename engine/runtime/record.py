@@ -13,11 +13,17 @@ from engine.policies.base import Policy
 from engine.policies.registry import policy_spec
 from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
-from engine.runtime.episode import EpisodeResult, StepCallback, close_after, run_episode
+from engine.runtime.episode import (
+    EpisodeResult,
+    StepCallback,
+    close_after,
+    close_created,
+    run_episode,
+)
 from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
 from engine.runtime.seeds import step_seed
 from engine.scenario import SteppedScenario
-from engine.state import DEFAULT_CONTEXT_WINDOW, State
+from engine.state import DEFAULT_CONTEXT_WINDOW, State, apply
 from engine.version import engine_version
 
 #: The largest root seed (what the server and `car heist --seed` accept: a signed 64-bit int)
@@ -76,30 +82,37 @@ def record_run(
         # opening events would be left behind, abandoned)
         raise ConfigError(f"root seed must lie within 0..{MAX_SEED}, got {seed!r}")
     clk = clock or SystemClock()
-    run_id = journal.create_run(scenario.name, label=label)
     first = run_started(
         scenario, policy, seed, clk.now_iso(), rounds=rounds, context_window=context_window
     )
-    recorder = Recorder(journal, run_id, State(), 0, group_ms=group_ms)
+    events = [first, *opening]
+    run_id = journal.new_run_id()
+    recorder: Recorder | None = None
     try:
-        recorder.append([first, *opening])
+        # the run and its opening in one transaction: it exists with them or not at all
+        journal.create_run(scenario.name, label=label, run_id=run_id, events=events)
+        state = State()
+        for e in events:
+            state = apply(state, e)
+        recorder = Recorder(journal, run_id, state, len(events), group_ms=group_ms, leased=True)
         if on_created is not None:
-            recorder.flush()
+            on_created(run_id)
+        return run_episode(
+            recorder,
+            scenario,
+            policy,
+            lambda k: step_seed(seed, k),
+            [],
+            control=control,
+            clock=clk,
+            on_step=on_step,
+            server=server,
+        )
     except BaseException as e:
-        # an opening the journal refuses: the run exists, so it is closed as run_episode
-        # closes one, never left `recording` with nobody writing it
-        close_after(recorder, e)
+        # Ctrl-C at any moment, also while the run was being created or handed over (the
+        # episode closes the run itself; closing a closed run again writes nothing)
+        if recorder is not None:
+            close_after(recorder, e)
+        else:
+            close_created(journal, run_id, e)
         raise
-    if on_created is not None:
-        on_created(run_id)
-    return run_episode(
-        recorder,
-        scenario,
-        policy,
-        lambda k: step_seed(seed, k),
-        [],
-        control=control,
-        clock=clk,
-        on_step=on_step,
-        server=server,
-    )

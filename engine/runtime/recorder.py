@@ -95,6 +95,14 @@ class Recorder:
         self._snapshots = []
         self._last_commit = self._timer()
 
+    def drop_pending(self) -> None:
+        """Forget the pending group and snapshots once the run was closed without them (their
+        flush failed, or had committed before its append raised)."""
+        self._pending = []
+        self._payloads = []
+        self._snapshots = []
+        self._ended.set()
+
 
 class _Heartbeats:
     """One daemon thread per process refreshes the lease of every recorder still writing, every

@@ -1,0 +1,97 @@
+"""An interrupt inside the journal's append, and the recorder closing the run after it.
+
+The embedded policy is fast, so a recording commits several steps in one group; Ctrl-C (or
+SIGTERM, which every command treats as Ctrl-C) can land anywhere inside that group's append:
+while its rows are compacted against the run's history, or during its commit. Found by a real
+SIGTERM into `car detect-eval` (tests/test_cli_hostile_paths.py): the writer kept the
+requests it had noted for the group that never committed, and the closing flush wrote the
+same group again as deltas of rows that were not there, which `car verify` then called
+tampering.
+
+The interrupt is raised by a fault in the journal's own methods (a subclass), because a signal
+cannot be aimed at one bytecode of a real process; the real signal is the CLI test's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.heist.session import record_heist
+from engine.heist.sim import SimPolicy
+from engine.journal import Journal
+from engine.verify import verify_journal
+
+
+class InterruptedWhileCompacting(Journal):
+    """Raises KeyboardInterrupt from its `after`-th compaction, once the rows are compacted
+    (the compactor has noted the step's request) and before the transaction begins."""
+
+    after = 0
+
+    def _compact(self, run_id: str, rows: Any) -> Any:
+        out = super()._compact(run_id, rows)
+        type(self).after -= 1
+        if type(self).after == 0:
+            raise KeyboardInterrupt
+        return out
+
+
+class InterruptedAfterCommit(Journal):
+    """Raises KeyboardInterrupt from its `after`-th write transaction, once it has committed
+    (a Ctrl-C that arrived during COMMIT is raised at the next bytecode, after it)."""
+
+    after = 0
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Any]:
+        with super()._tx() as cur:
+            yield cur
+        type(self).after -= 1
+        if type(self).after == 0:
+            raise KeyboardInterrupt
+
+
+def _record(journal: Journal) -> str:
+    with pytest.raises(KeyboardInterrupt):
+        # every step commits on its own: the `after`-th append is the one interrupted
+        record_heist(journal, SimPolicy(), seed=3, group_ms=0.0)
+    (run,) = journal.runs()
+    return run.run_id
+
+
+@pytest.mark.parametrize("after", [2, 3, 4, 6])
+def test_an_interrupt_while_a_group_is_compacted_leaves_a_journal_that_verifies(
+    tmp_path: Path, after: int
+) -> None:
+    """The run ends `stopped` with the interrupted step written after all (the closing flush
+    commits it), and every stored row resolves: before, the closing flush wrote the step's
+    request as a delta of itself, and verify reported "request of seq 2 based on seq 26" and
+    the like after a real signal."""
+    InterruptedWhileCompacting.after = after
+    with InterruptedWhileCompacting(tmp_path / "j.db") as j:
+        run = _record(j)
+        report = verify_journal(j)
+        assert report.ok, report.problems[:3]
+        assert j.status(run) == "stopped"
+        kinds = [type(e).__name__ for e in j.events(run)]
+        assert kinds[-1] == "RunEnded"
+        assert kinds.count("LlmCall") == after - 1  # the interrupted step was kept
+
+
+@pytest.mark.parametrize("after", [1, 2, 3])
+def test_an_interrupt_after_the_commit_still_closes_the_run(tmp_path: Path, after: int) -> None:
+    """The group is in the journal though its append raised; the closing RunEnded goes after it
+    (the recorder's head was behind it: the run was left `recording`, its closing refused as
+    a lost race). `after=1` is the transaction that creates the run with its opening."""
+    InterruptedAfterCommit.after = after
+    with InterruptedAfterCommit(tmp_path / "j.db") as j:
+        run = _record(j)
+        assert j.status(run) == "stopped"
+        report = verify_journal(j)
+        assert report.ok, report.problems[:3]
+        assert [type(e).__name__ for e in j.events(run)].count("RunEnded") == 1
