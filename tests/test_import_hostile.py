@@ -507,5 +507,51 @@ def test_ctrl_c_between_traces_says_how_far_the_import_got(tmp_path: Path) -> No
     assert len(made) == 2
     assert e.value.message == (
         f"interrupted: 2 of 5 traces imported (runs {made[0]} .. {made[1]}); importing the "
-        "file again imports every trace again"
+        "file again skips the traces the journal holds"
     )
+    # and it does: the two are named, the three others imported, nothing twice
+    again = json.loads(car(tmp_path / "j.db", "import", str(path), "--json").stdout)
+    assert [r["already_imported"] for r in again] == [True, True, False, False, False]
+    assert [r["run_id"] for r in again[:2]] == made
+    with Journal(tmp_path / "j.db") as j:
+        assert len(j.runs()) == 5
+
+
+def test_importing_a_file_again_names_the_runs_and_writes_nothing(tmp_path: Path) -> None:
+    """A file imported twice (or the same trace from a file of another name) made a second run
+    of every trace; now the second import names the first's runs, `--again` imports them
+    anyway, and a trace of the same id whose spans differ is a new run."""
+    from engine.heist.session import record_heist
+    from engine.heist.sim import SimPolicy
+    from engine.otel.exporter import export_runs, trace_document
+
+    with Journal(tmp_path / "src.db") as j:
+        run = record_heist(j, SimPolicy(), seed=3, rounds=1).run_id
+        doc = trace_document(j, export_runs(j, run))
+    first, renamed = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(doc))
+    renamed.write_text(json.dumps(doc))
+    journal = tmp_path / "j.db"
+    (made,) = json.loads(car(journal, "import", str(first), "--json").stdout)
+    assert made["already_imported"] is False
+    second = car(journal, "import", str(renamed))
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines()[0] == (
+        f"trace {made['trace_id']} is run {made['run_id']} already: not imported again "
+        "(--again imports it as a new run)"
+    )
+    with Journal(journal) as j:
+        assert [r.run_id for r in j.runs()] == [made["run_id"]]
+    (forced,) = json.loads(car(journal, "import", str(first), "--again", "--json").stdout)
+    assert forced["already_imported"] is False and forced["run_id"] != made["run_id"]
+    # the same trace id with one call's token count changed: another trace, imported
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    key = "gen_ai.usage.output_tokens"
+    tokens = next(a for s in spans for a in s.get("attributes", []) if a["key"] == key)
+    tokens["value"] = {"intValue": "999"}
+    changed = tmp_path / "c.json"
+    changed.write_text(json.dumps(doc))
+    (other,) = json.loads(car(journal, "import", str(changed), "--json").stdout)
+    assert other["already_imported"] is False and other["trace_id"] == made["trace_id"]
+    with Journal(journal) as j:
+        assert len(j.runs()) == 3

@@ -116,6 +116,14 @@ def _write(path: Path, text: str) -> None:
 
 def import_cmd(
     file: Annotated[Path, typer.Argument(help="OTLP/JSON trace file (a document or JSON Lines).")],
+    again: Annotated[
+        bool,
+        typer.Option(
+            "--again",
+            help="Import traces the journal holds already (same trace id and spans) once more, "
+            "as new runs; without it they are named and skipped.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Import OpenTelemetry traces of an LLM program as runs (one run per trace).
@@ -123,16 +131,25 @@ def import_cmd(
     Reads the gen_ai.* conventions and OpenInference's llm.* / input.value attributes, as
     written by OpenTelemetry's and OpenInference's instrumentations. The runs have scenario
     `imported`: show, state, diff and the detector read them; fork and replay cannot (there is
-    no program to re-run)."""
+    no program to re-run). Importing a file again (after Ctrl-C, say) skips the traces the
+    journal holds and names their runs; `--json` marks them `already_imported`."""
     from engine.otel.importer import import_file
     from engine.terminal import printable
 
     with open_journal() as j:
-        runs = import_file(j, file)
+        runs = import_file(j, file, again=again)
     if as_json:
         emit_json([{**_builtins(r)} for r in runs])
         return
     for r in runs:
+        if r.already_imported:
+            out.print(
+                f"trace {r.trace_id} is run {r.run_id} already: not imported again (--again "
+                "imports it as a new run)",
+                highlight=False,
+                markup=False,
+            )
+            continue
         # agent names come from the trace: shown, never obeyed by the terminal
         agents = ", ".join(printable(a) for a in r.agents)
         out.print(

@@ -28,7 +28,7 @@ import json
 import os
 import stat
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -682,6 +682,9 @@ class ImportedRun(msgspec.Struct, frozen=True):
     steps: int
     tool_calls: int
     status: str
+    # the journal held this trace already (imported before, from this file or another): its
+    # run is named, nothing was written
+    already_imported: bool = False
 
 
 def read_traces(path: str | Path) -> list[ImportedTrace]:
@@ -745,10 +748,14 @@ def _read_file(p: Path) -> bytes:
         os.close(fd)
 
 
-def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[ImportedRun]:
+def import_traces(
+    journal: Journal, traces: Iterable[ImportedTrace], *, again: bool = False
+) -> list[ImportedRun]:
     """One run per trace, each appended whole in one transaction. Every event of every trace
     is encoded (and checked to read back) before the first run is created, so a trace the
-    journal would refuse leaves nothing behind."""
+    journal would refuse leaves nothing behind. A trace the journal holds already (the same
+    trace id and the same spans, from any file) is not imported again unless `again`: its run
+    is named with `already_imported` (an import interrupted, or an exporter's file read twice)."""
     ready = []
     for t in traces:
         events = trace_events(t)
@@ -759,13 +766,22 @@ def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[Imp
                 f"{t.source}: trace {t.trace_id} cannot be journaled: {e}"
             ) from e
         ready.append((t, events, payloads))
+    held = {} if again else _imported_runs(journal, {t.trace_id for t, _, _ in ready})
     done: list[ImportedRun] = []
     try:
         for t, events, payloads in ready:
-            # the run and its events in one transaction: never an empty run left behind
-            run_id = journal.create_run(
-                IMPORTED_SCENARIO, label=f"trace {t.trace_id}", events=events, payloads=payloads
+            run_id = next(
+                (r for r in held.get(t.trace_id, ()) if _same_trace(journal, r, events)), None
             )
+            already = run_id is not None
+            if run_id is None:
+                # the run and its events in one transaction: never an empty run left behind
+                run_id = journal.create_run(
+                    IMPORTED_SCENARIO,
+                    label=_label(t.trace_id),
+                    events=events,
+                    payloads=payloads,
+                )
             done.append(
                 ImportedRun(
                     run_id=run_id,
@@ -774,21 +790,56 @@ def import_traces(journal: Journal, traces: Iterable[ImportedTrace]) -> list[Imp
                     steps=len(t.steps),
                     tool_calls=sum(len(s.tools) for s in t.steps),
                     status="failed" if t.error is not None else "completed",
+                    already_imported=already,
                 )
             )
     except KeyboardInterrupt:
-        # Ctrl-C between two traces (each is whole): say how far the import got, since
-        # importing the file again imports every trace again
+        # Ctrl-C between two traces (each is whole): say how far the import got
         from engine.workers import Interrupted
 
         which = f" (runs {done[0].run_id} .. {done[-1].run_id})" if done else ""
         raise Interrupted(
             f"interrupted: {len(done)} of {len(ready)} traces imported{which}; importing the "
-            "file again imports every trace again"
+            "file again skips the traces the journal holds"
         ) from None
     return done
 
 
-def import_file(journal: Journal, path: str | Path) -> list[ImportedRun]:
-    """`car import FILE`: every trace of the file as a run (nothing written if it is malformed)."""
-    return import_traces(journal, read_traces(path))
+def _label(trace_id: str) -> str:
+    return f"trace {trace_id}"
+
+
+def _imported_runs(journal: Journal, trace_ids: set[str]) -> dict[str, list[str]]:
+    """The imported runs of the journal that may hold one of `trace_ids` (by their label)."""
+    wanted = {_label(t): t for t in trace_ids}
+    found: dict[str, list[str]] = {}
+    for r in journal.runs():
+        if r.scenario == IMPORTED_SCENARIO and r.parent_run_id is None and r.label in wanted:
+            found.setdefault(wanted[r.label], []).append(r.run_id)
+    return found
+
+
+def _same_trace(journal: Journal, run_id: str, events: Sequence[ev.Event]) -> bool:
+    """Whether run `run_id` holds `events`: the same events, apart from the name of the file
+    they came from and the version of the engine that imported them (RunStarted)."""
+    stored = journal.events(run_id)
+    if len(stored) != len(events):
+        return False
+
+    def neutral(e: Any) -> Any:
+        if isinstance(e, ev.RunStarted):
+            config = dict(e.config)
+            if isinstance(config.get("source"), dict):
+                config["source"] = {k: v for k, v in config["source"].items() if k != "file"}
+            return msgspec.structs.replace(e, config=config, engine_version="")
+        return e
+
+    return all(
+        ev.encode(neutral(a)) == ev.encode(neutral(b)) for a, b in zip(stored, events, strict=True)
+    )
+
+
+def import_file(journal: Journal, path: str | Path, *, again: bool = False) -> list[ImportedRun]:
+    """`car import FILE`: every trace of the file as a run (nothing written if it is malformed);
+    a trace the journal holds already is named, not imported again, unless `again`."""
+    return import_traces(journal, read_traces(path), again=again)
