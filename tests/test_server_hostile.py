@@ -251,18 +251,17 @@ def test_car_heist_with_a_deep_crew_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
-def test_a_heist_that_cannot_open_its_run_is_closed_not_left_recording(tmp_path: Path) -> None:
-    """When the runner's heist fails after its run was created (here: a crew built without the
-    loader, whose lone surrogate no journal event can hold), start() raises an EngineError and
-    the run is closed as failed: nothing is left `recording`, no slot stays taken."""
+def test_a_heist_that_cannot_open_its_run_leaves_nothing_recording(tmp_path: Path) -> None:
+    """When the runner's heist cannot write its opening (here: a crew built without the
+    loader, whose lone surrogate no journal event can hold), start() raises an EngineError,
+    no run is left (the run and its opening are one transaction; it used to be created, then
+    closed failed), and no slot stays taken."""
     bad = unjournalable_crew()
     with NotifyingJournal(tmp_path / "j.db") as j:
         runner = HeistRunner(j, max_heists=1)
         with pytest.raises(EngineError, match="surrogate"):
             runner.start(make_policy({"name": "sim"}), seed=3, rounds=1, config=bad)
-        runs = j.runs()
-        assert len(runs) == 1
-        assert j.status(runs[0].run_id) == "failed"
+        assert j.runs() == []
         assert runner.active() == [] and runner.starting() == 0
         # the slot is free again
         ok = runner.start(make_policy({"name": "sim"}), seed=3, rounds=1, config=None)
