@@ -1029,6 +1029,10 @@ class Journal:
         known = self._run_rows.get(run_id)
         if known is not None:
             return known
+        if "\x00" in run_id:
+            # no run id holds NUL, and PostgreSQL refuses it in a text parameter (a
+            # DataError, not "no such run"): whatever holds it names no run
+            raise UnknownRun(f"unknown run id {_clipped(run_id)!r} (see `car runs`)")
         key = ", run_key" if self.keyed else ""
         cur.execute(
             self._q(

@@ -40,6 +40,10 @@ def _detect_options(
     return opts
 
 
+#: the widest an agent's name is shown in a table of `car detect`
+AGENT_WIDTH = 40
+
+
 def _f(x: float | None) -> str:
     return "" if x is None else f"{x:.3f}"
 
@@ -64,7 +68,10 @@ def _print_analysis(d: dict[str, Any]) -> None:
     if method == "replay":
         cols += ["steps", "match rate", "95% CI"]
     cols.append("score")
-    for c in cols:
+    # an agent's name may be any length (an imported trace names its agents): it is cut
+    # (--json has it whole), never the scores beside it
+    t.add_column(cols[0], no_wrap=True, overflow="ellipsis", max_width=AGENT_WIDTH)
+    for c in cols[1:]:
         t.add_column(c, no_wrap=True)
     for agent in d["ranking"]:
         b = d["score_breakdown"][agent]

@@ -26,6 +26,8 @@ def public_view(journal: Journal, run_id: str) -> dict[str, Any]:
     info = journal.run(view.run_id)
     _, _, error = _ending(journal, view.run_id)
     data["session_id"] = data.pop("run_id")
+    # an empty outcome (a run nobody scored: an imported trace) is none, not a good one
+    data["outcome"] = data["outcome"] or None
     data["created_at"] = info.created_at
     data["error"] = error
     data["tool_stats"] = tool_stats(view.agents, data["tool_usage"])
@@ -62,7 +64,8 @@ def _ending(
         if stored.kind == "run_ended":
             e = stored.event
             assert isinstance(e, ev.RunEnded)
-            outcome = dict(e.outcome) if e.status == "completed" else None
+            # a run that was never scored (an imported trace) ends with no outcome: none
+            outcome = dict(e.outcome) if e.status == "completed" and e.outcome else None
             error = public.public_error(e.error)
         elif stored.kind == "suspicion_declared":
             s = stored.event

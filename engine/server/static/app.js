@@ -13,7 +13,9 @@ const SIGNALS = [
 const S = {
   sid: null, stream: null, lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0,
   status: null, controllable: false, suspect: null, verdict: null, stepsEl: new Map(),
-  tools: [], stats: {}, sessionsOffset: 0, saveTimer: null,
+  // stats: per agent, in an object without a prototype (an agent may be named
+  // "constructor" or "__proto__")
+  tools: [], stats: Object.create(null), sessionsOffset: 0, saveTimer: null,
   // gen: bumped whenever another session is opened, so that an answer or a stream of the
   // previous one is dropped; pending: a control requested and not yet seen in the stream;
   // busy: a control or an accusation on its way; branch: a branch is never accused
@@ -30,7 +32,7 @@ const S = {
   unknownRuns: new Set(),
 };
 // what the server sent, duplicates included: the browser tests read it
-window.__car = { received: [], shown: [], resumedFrom: null, ends: 0 };
+window.__car = { received: [], shown: [], resumedFrom: null, ends: 0, statsDrawn: 0, scrolled: 0 };
 
 function el(tag, props, ...children) {
   const node = document.createElement(tag);
@@ -227,8 +229,9 @@ function resetView() {
   S.streamOk = false;
   $("stream-note").hidden = true;
   Object.assign(S, { lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0, status: null,
-    controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [], stats: {},
-    gen: S.gen + 1, pending: null, busy: false, branch: false, badgeKey: null, unknown: false });
+    controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [], stats: Object.create(null),
+    gen: S.gen + 1, pending: null, busy: false, branch: false, badgeKey: null, unknown: false,
+    scenario: null, renderQueued: false });
   // nothing applies, and nothing of the previous session is shown, until the new session's
   // state is known: its status, progress and live dot would pass for the new one's
   syncButtons();
@@ -291,6 +294,7 @@ function applyDetail(d) {
   S.agents = d.agents || [];
   S.rounds = d.rounds || 0;
   S.branch = !!d.parent_run_id;
+  S.scenario = d.scenario || null;
   setStatus(d.status);
   $("meta").textContent = `policy ${d.policy || "?"} · ${plural(S.agents.length, "agent")} · ${plural(d.rounds ?? "?", "round")}`
     + (d.parent_run_id ? ` · branch of ${d.parent_run_id} at step ${d.fork_step}` : "");
@@ -523,7 +527,7 @@ function handle(e, live) {
       const s = S.stats[e.agent] || (S.stats[e.agent] = { calls: 0, ok: 0, failed: 0 });
       s.calls += 1;
       if (e.success) s.ok += 1; else s.failed += 1;
-      addTool(e); renderStats(); break;
+      addTool(e); renderSoon(); break;
     }
     case "message":
       addMessage(e); break;
@@ -542,9 +546,27 @@ function handle(e, live) {
   if (e.step !== null && e.step !== undefined) updateProgress(e.step + 1);
   if (live) {
     saveSoon();
-    const feed = $("feed");
-    feed.scrollTop = feed.scrollHeight;
+    S.scrollQueued = true;
+    renderSoon();
   }
+}
+
+// the statistics and the feed's scroll position, once the events at hand are all handled
+function renderSoon() {
+  if (S.renderQueued) return;
+  S.renderQueued = true;
+  const gen = S.gen;
+  queueMicrotask(() => {
+    if (S.gen !== gen) return;
+    S.renderQueued = false;
+    renderStats();
+    if (S.scrollQueued) {
+      S.scrollQueued = false;
+      const feed = $("feed");
+      feed.scrollTop = feed.scrollHeight;
+      window.__car.scrolled += 1;
+    }
+  });
 }
 
 function stepItem(e) {
@@ -573,7 +595,7 @@ function addTool(e) {
   const result = e.success ? (e.output || "") : (e.error || "failed");
   li._tools.append(el("div", { class: "tool " + (e.success ? "ok" : "fail") },
     el("span", { class: "mark" }, e.success ? "✓" : "✗"),
-    el("code", {}, `${e.tool}(`, el("bdi", {}, short(e.param, 80)), ")"),
+    el("code", {}, el("bdi", { class: "tool-name" }, e.tool), "(", el("bdi", {}, short(e.param, 80)), ")"),
     el("details", {}, el("summary", { class: "muted small" }, e.success ? "result" : "error"), el("pre", {}, result))));
 }
 
@@ -627,10 +649,12 @@ function syncButtons() {
   replay.disabled = !S.verdict;
   replay.title = S.verdict ? "" : "Replay reads the recorded step seeds, as secret as the mole: it runs once the run is accused.";
   if (replay.disabled && $("method").value === "replay") $("method").value = "rules";
-  $("btn-reveal").disabled = !status || live || !!S.verdict || S.busy || S.branch || S.unknown;
+  $("btn-reveal").disabled = !status || live || !!S.verdict || S.busy || S.branch || S.unknown
+    || (S.scenario !== null && S.scenario !== "heist");
   $("btn-attribute").disabled = S.attributing || S.unknown;
   $("fork-form").querySelector("button[type=submit]").disabled = S.forking || S.unknown;
   if (S.branch && !S.verdict) $("suspect-line").textContent = "A branch is not accused: the accusation is its game's.";
+  else if (S.scenario === "imported") $("suspect-line").textContent = "An imported trace is no game: it is not accused.";
 }
 
 // ------------------------------------------------------------------ crew and stats
@@ -670,6 +694,7 @@ function toggleSuspect(a) {
 }
 
 function renderStats() {
+  window.__car.statsDrawn += 1;
   const st = S.stats;
   const body = $("tool-stats");
   clear(body);
@@ -822,7 +847,8 @@ function renderOutcome(d) {
   $("finished").hidden = false;
   const o = d.outcome;
   if (!o) {
-    box.append(el("p", { class: "muted" }, d.error ? `The run ${d.status}: ${d.error}` : `The run ${d.status} before the plan was scored.`));
+    const unscored = d.scenario === "heist" ? " before the plan was scored." : ".";
+    box.append(el("p", { class: "muted" }, d.error ? `The run ${d.status}: ${d.error}` : `The run ${d.status}${unscored}`));
     return;
   }
   box.append(el("div", { class: "outcome-line" },
@@ -834,7 +860,7 @@ function renderOutcome(d) {
 }
 
 function showLab() {
-  if (!S.status || LIVE.has(S.status)) return;
+  if (!S.status || LIVE.has(S.status) || S.scenario === "imported") return;
   $("lab").hidden = false;
   $("fork-at").max = Math.max(0, S.stepsEl.size - 1);
   loadTree();
