@@ -288,14 +288,31 @@ def _print_step(k: int, agent: str, events: list[Any]) -> None:
             )
 
 
+#: Seconds an interrupted command may take to close what it has open before the process
+#: ends without waiting any longer (a journal call the server does not answer: a lock held by
+#: another session, a server that stopped responding).
+WIND_DOWN = 3.0
+
+
 def _interrupted(line: str = "interrupted") -> None:
     """Exit 130 with one line once everything is closed. The interpreter's own teardown of
     the loaded libraries is skipped: under load it alone takes a second or more, and a user
-    who pressed Ctrl-C waits for it."""
-    sys.stderr.write(line + "\n")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(130)
+    who pressed Ctrl-C waits for it. Through `hard_exit`, so that a wind-down deadline firing
+    at the same moment cannot add a second line."""
+    from engine.workers import hard_exit
+
+    hard_exit(line)
+
+
+def _exit_after(seconds: float) -> None:
+    """End the process with `interrupted` if it is still running `seconds` from now."""
+    import threading
+
+    from engine.workers import hard_exit
+
+    timer = threading.Timer(seconds, hard_exit)
+    timer.daemon = True
+    timer.start()
 
 
 @app.command("heist")
@@ -373,7 +390,12 @@ def heist_cmd(
         if leave_at_once:
             os.write(2, b"interrupted\n")
             os._exit(130)
+        if interrupts:  # pressed again: the user will not wait for the wind-down
+            _interrupted()
         interrupts.append("interrupted")
+        # the stop takes effect at the next step; a step stuck in a journal call the server
+        # does not answer would otherwise hold the exit for as long as the server does
+        _exit_after(WIND_DOWN)
         if control is not None:
             control.request("stop", "interrupted")
         cancel = getattr(pol, "cancel", None)
@@ -562,6 +584,21 @@ def _say_cannot_write(e: BaseException) -> None:
             sys.stderr.flush()
 
 
+_interrupts_seen = 0
+
+
+def _keyboard_interrupt(signum: int, frame: object) -> None:
+    """SIGINT/SIGTERM of a command without handlers of its own: a KeyboardInterrupt, as
+    `signal.default_int_handler` raises, with a deadline for the wind-down it starts; a
+    second signal ends the process at once."""
+    global _interrupts_seen
+    _interrupts_seen += 1
+    if _interrupts_seen > 1:
+        _interrupted()
+    _exit_after(WIND_DOWN)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Entry point: engine errors and usage errors become one clean line and a non-zero exit."""
     try:
@@ -577,12 +614,14 @@ def main() -> None:
             exit_now(message)
 
         # from here on Ctrl-C is a KeyboardInterrupt that the handlers below turn into one line
-        # (also while the command's own module is imported, which happens inside app())
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # (also while the command's own module is imported, which happens inside app());
+        # one that comes out inside a driver call which then waits on for the server (psycopg
+        # finishing a pipeline) must not hold the exit: a deadline, and a second one ends it
+        signal.signal(signal.SIGINT, _keyboard_interrupt)
         # SIGTERM (a supervisor, `kill PID`) ends every command as Ctrl-C does: one line and
         # exit 130 (it ended `car detect` or `car import` silently, by the signal); the
         # commands that record or fork install their own handlers for both
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _keyboard_interrupt)
 
         try:
             rv = app(standalone_mode=False)
@@ -602,6 +641,11 @@ def main() -> None:
         except typer.Abort:
             hard_exit("interrupted")
         except EngineError as e:
+            # a Ctrl-C inside a driver call can come out as the journal's error about it
+            # ("append ... failed: cannot exit pipeline mode while busy"): still a Ctrl-C
+            ki = interrupt_behind(e)
+            if ki is not None:
+                hard_exit(getattr(ki, "message", "interrupted"))
             fail(str(e))
         except (KeyboardInterrupt, Exception) as e:
             # a Ctrl-C, also one that came out as another error (inside an import, say)

@@ -474,6 +474,14 @@ class Journal:
             self._engine = create_engine(self.url, pool_pre_ping=True)
         except Exception as e:  # bad URL or missing driver
             raise JournalError(f"cannot use journal URL {_redact(self.url)!r}: {e}") from e
+        if _holds_nul(self._engine.url):
+            # libpq reads its connection string up to a NUL: the user, port and options after
+            # it would be dropped and their defaults used - another server, another user
+            self._engine.dispose()
+            raise JournalError(
+                f"cannot use journal URL {_redact(self.url)!r}: it holds a NUL character (%00)"
+            )
+        _quiet_driver_logs()
         refused: tuple[type[BaseException], ...] = (
             SADatabaseError,
             OSError,
@@ -498,10 +506,14 @@ class Journal:
             raw.rollback()
             self.revision = self._server_revision(raw)
             raw.rollback()
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(Exception):
-                raw.close()
+                raw.invalidate()
             self._engine.dispose()
+            if isinstance(e, refused) and not isinstance(e, JournalError):
+                # connected, but the server refused reading or creating the schema (no CREATE
+                # on the schema, a read-only session, a statement timeout...)
+                raise JournalError(f"cannot open journal {self._where()}: {_first_line(e)}") from e
             raise
         return raw
 
@@ -550,7 +562,14 @@ class Journal:
         another thread runs crashes the process (a segfault, not an exception). Afterwards
         that thread gets an error, which ends its beating for this journal."""
         with self._lock, contextlib.suppress(Exception):
-            self._conn.close()
+            if self.is_sqlite:
+                self._conn.close()
+            else:
+                # closed outright, not returned to the pool: the pool's reset (a ROLLBACK)
+                # fails on a connection the server dropped or one an interrupt left
+                # mid-command, and is logged with a traceback; the server rolls back whatever
+                # was left open when the connection closes
+                self._conn.invalidate()
         if self._engine is not None:
             self._engine.dispose()
 
@@ -571,7 +590,10 @@ class Journal:
         by `_hold_for_write` or here)."""
         begun = self._hold_for_write()
         try:
-            cur = self._conn.cursor()
+            try:
+                cur = self._conn.cursor()
+            except self._db_errors as e:  # the connection is gone
+                raise self._driver_failure(e, "write to") from e
             self._in_tx = True
             try:
                 if self.is_sqlite and not begun:
@@ -672,25 +694,39 @@ class Journal:
     @contextlib.contextmanager
     def _read(self) -> Iterator[Any]:
         with self._lock:
-            cur = self._conn.cursor()
+            try:
+                cur = self._conn.cursor()
+            except self._db_errors as e:  # the connection is gone
+                raise self._driver_failure(e, "read") from e
             # inside a PostgreSQL snapshot a failed read must not abort the snapshot's
             # transaction (the reads after it would all fail): each read is a savepoint
             guard = self._snapshot and not self.is_sqlite and not self._in_tx
+            failed = False
             try:
                 if guard:
                     cur.execute("SAVEPOINT car_read")
                 yield cur
             except self._db_errors as e:
+                failed = True
                 if guard:
                     with contextlib.suppress(*self._db_errors):
                         cur.execute("ROLLBACK TO SAVEPOINT car_read")
                 raise self._driver_failure(e, "read") from e
+            except BaseException:
+                failed = True
+                raise
             finally:
-                cur.close()
+                with contextlib.suppress(*self._db_errors):
+                    cur.close()
                 # a read inside the writer's transaction (a window, a seeding) or a snapshot
                 # must not end it
                 if not self.is_sqlite and not self._in_tx and not self._snapshot:
-                    self._conn.rollback()
+                    try:
+                        self._conn.rollback()
+                    except self._db_errors as e:
+                        # the error already on its way (a JournalError, a Ctrl-C) wins
+                        if not failed:
+                            raise self._driver_failure(e, "read") from e
 
     @contextlib.contextmanager
     def read_snapshot(self) -> Iterator[None]:
@@ -2291,17 +2327,50 @@ def _sql_type(cell: Any) -> str:
 
 
 def _redact(url: str) -> str:
-    """The URL with its password masked. Credentials live in the authority part only (up to
-    the first "/" after "scheme://"), so a SQLite path holding "@" is left alone."""
+    """The URL with its password masked: the one of the authority part (up to the first "/"
+    after "scheme://", so a SQLite path holding "@" is left alone) and a `password=` or
+    `sslpassword=` of a server URL's query string, which libpq takes as well."""
     if "://" not in url:
         return url
     scheme, rest = url.split("://", 1)
+    if not scheme.startswith("sqlite"):
+        rest = _QUERY_PASSWORD.sub(r"\1***", rest)
     slash = rest.find("/")
     at = rest.rfind("@", 0, slash if slash >= 0 else len(rest))
     if at < 0:
-        return url
+        return f"{scheme}://{rest}"
     user = rest[:at].split(":", 1)[0]
     return f"{scheme}://{user}:***@{rest[at + 1 :]}"
+
+
+#: a password in a server URL's query string (`?password=...`, `&sslpassword=...`)
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
+
+
+def redacted_url(target: str) -> str:
+    """A journal target as it may be shown: a server URL without its password."""
+    return _redact(target)
+
+
+def _holds_nul(url: Any) -> bool:
+    """Whether a parsed server URL holds a NUL character in any part the driver receives."""
+    parts: list[Any] = [url.username, url.password, url.host, url.database]
+    for value in url.query.values():
+        parts.extend(value if isinstance(value, tuple) else (value,))
+    return any(isinstance(p, str) and "\x00" in p for p in parts)
+
+
+def _quiet_driver_logs() -> None:
+    """The driver's and the pool's own warnings (a reset that failed on a lost connection,
+    a pipeline given up) would reach stderr through Python's last-resort handler, tracebacks
+    and all, around the one line that reports the failure: they go to a NullHandler unless
+    the application configured logging for them."""
+    import logging
+
+    for name in ("psycopg", "sqlalchemy.pool"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(logging.NullHandler())
 
 
 def _is_unique_violation(e: BaseException) -> bool:

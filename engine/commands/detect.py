@@ -338,7 +338,9 @@ def register(app: typer.Typer) -> None:
                 lent = causal_opts.get("executor")
                 if lent is not None and not isinstance(lent, ExecutorOptions):
                     lent.close()
-        report["journal"] = target
+        from engine.journal import redacted_url
+
+        report["journal"] = redacted_url(target)  # never the password of a server URL
         report["failed_games"] = failures
         report["seed"] = seed if not runs else None
         if as_json:

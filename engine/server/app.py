@@ -56,7 +56,7 @@ from engine.errors import (
 )
 from engine.events import not_journalable_text
 from engine.executors.base import ExecutorOptions
-from engine.journal import Journal
+from engine.journal import Journal, redacted_url
 from engine.server import views
 from engine.server.guard import Guard, is_loopback
 from engine.server.runner import HeistRunner, NotControllable, TooManyHeists
@@ -410,7 +410,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
         return {
             "ok": True,
             "version": engine_version(),
-            "journal": journal.url if journal.path is None else str(journal.path),
+            # the server has no login: never the password of a server URL
+            "journal": redacted_url(journal.url) if journal.path is None else str(journal.path),
             "recording": runner.active(),
             "starting": runner.starting(),
             "max_heists": runner.max_heists,
