@@ -188,6 +188,10 @@ def busy_response(exc: JournalBusy) -> JSONResponse:
 
 
 def _not_found(session_id: str, error: UnknownRun | None = None) -> ApiError:
+    # quoted back at most ECHO_CHARS long, as a validation error quotes its value: a client's
+    # 10,000-character id came back twice
+    if len(session_id) > ECHO_CHARS:
+        session_id = session_id[:ECHO_CHARS] + f"... ({len(session_id)} characters)"
     if error is not None and "ambiguous" in str(error):
         # a prefix of several runs: "unknown" would send the client looking for a typo
         return ApiError(
