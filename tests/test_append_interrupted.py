@@ -95,3 +95,29 @@ def test_an_interrupt_after_the_commit_still_closes_the_run(tmp_path: Path, afte
         report = verify_journal(j)
         assert report.ok, report.problems[:3]
         assert [type(e).__name__ for e in j.events(run)].count("RunEnded") == 1
+
+
+def test_an_interrupt_as_a_recorded_programs_run_is_created_closes_it(tmp_path: Path) -> None:
+    """`car record`: the run and its RunStarted commit, then the Ctrl-C comes out of the COMMIT
+    (before the program starts). The run was left `recording` without a single event (made in
+    one transaction, its RunStarted appended in the next); now it is made with its RunStarted
+    and closed `stopped`. The upstream only has to accept connections: no call is made."""
+    import socket
+    import sys
+
+    from engine.program.session import record
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        InterruptedAfterCommit.after = 1
+        with InterruptedAfterCommit(tmp_path / "j.db") as j:
+            with pytest.raises(KeyboardInterrupt):
+                record(j, [sys.executable, "-c", "pass"], upstream=f"http://127.0.0.1:{port}/v1")
+            (run,) = j.runs()
+            assert j.status(run.run_id) == "stopped"
+            kinds = [type(e).__name__ for e in j.events(run.run_id)]
+            assert kinds == ["RunStarted", "RunEnded"], kinds
+            report = verify_journal(j)
+            assert report.ok, report.problems[:3]

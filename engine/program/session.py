@@ -40,8 +40,9 @@ from engine.program import wire
 from engine.program.matching import MatchMode, RecordedCall, recorded_calls
 from engine.program.proxy import Proxy, Session
 from engine.program.upstream import DEFAULT_MAX_REPLY_BYTES, DEFAULT_TIMEOUT, Upstream
+from engine.runtime.episode import close_created
 from engine.runtime.recorder import Recorder
-from engine.state import State, state_at_seq, step_seq
+from engine.state import State, apply, state_at_seq, step_seq
 from engine.version import engine_version
 
 SCENARIO = "program"
@@ -303,31 +304,35 @@ def record(
     check_command(cmd)
     up = Upstream(upstream, timeout, max_reply_bytes)
     up.check()
-    run_id = journal.create_run(SCENARIO, label=name or shlex.join(cmd)[:80])
-    recorder = Recorder(journal, run_id, State(), 0)
-    recorder.append(
-        [
-            ev.RunStarted(
-                scenario=SCENARIO,
-                config={
-                    "command": list(cmd),
-                    "cwd": os.getcwd(),
-                    "upstream": up.url,
-                    "outcome": outcome,
-                    "name": name,
-                    "timeout": up.timeout,
-                    "max_reply_bytes": up.max_reply_bytes,
-                },
-                agents=[],
-                policy={"name": "program", "base_url": up.url},
-                root_seed=seed,
-                engine_version=engine_version(),
-                started_at=_utc_now(),
-            )
-        ]
+    started = ev.RunStarted(
+        scenario=SCENARIO,
+        config={
+            "command": list(cmd),
+            "cwd": os.getcwd(),
+            "upstream": up.url,
+            "outcome": outcome,
+            "name": name,
+            "timeout": up.timeout,
+            "max_reply_bytes": up.max_reply_bytes,
+        },
+        agents=[],
+        policy={"name": "program", "base_url": up.url},
+        root_seed=seed,
+        engine_version=engine_version(),
+        started_at=_utc_now(),
     )
-    recorder.flush()
-    session = Session(recorder=recorder, upstream=up, root_seed=seed)
+    run_id = journal.new_run_id()
+    try:
+        # the run and its RunStarted in one transaction: it exists with it or not at all, and
+        # a Ctrl-C that comes out of that commit (or before the program starts) closes it
+        journal.create_run(
+            SCENARIO, label=name or shlex.join(cmd)[:80], run_id=run_id, events=[started]
+        )
+        recorder = Recorder(journal, run_id, apply(State(), started), 1, leased=True)
+        session = Session(recorder=recorder, upstream=up, root_seed=seed)
+    except BaseException as e:
+        close_created(journal, run_id, e)
+        raise
     return _guarded(recorder, session, cmd, outcome, stdout)
 
 
