@@ -526,9 +526,10 @@ class Journal:
     def _server_revision(self, raw: Any) -> str | None:
         cur = raw.cursor()
         try:
+            # pg_tables lists every table; information_schema only those this role may use, so
+            # a role without SELECT on a journal's tables was told it "holds no journal schema"
             cur.execute(
-                "SELECT table_name FROM information_schema.tables"
-                " WHERE table_schema = current_schema()"
+                "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
             )
             names = {r[0] for r in cur.fetchall()}
 

@@ -629,6 +629,20 @@ def test_user_without_create_privilege(own_pg: OwnServer) -> None:
     assert "permission denied" in r.stderr, r.stderr
 
 
+def test_user_without_select_on_a_journal_is_told_so(own_pg: OwnServer) -> None:
+    """A role that may connect but not read an existing journal's tables (the owner made it and
+    granted nothing) gets one `error:` line saying permission was denied, exit 1. It was told
+    the database "holds no journal schema": the schema was read from information_schema, which
+    lists only the tables a role may use."""
+    db = own_pg.database("noselect")
+    assert car(db, "heist", "--quiet", "--seed", "1").returncode == 0
+    url = make_url(db).set(username="carlow").render_as_string(hide_password=False)
+    r = car(url, "runs")
+    assert one_error_line(r.returncode, r.stderr) is None, one_error_line(r.returncode, r.stderr)
+    assert "permission denied" in r.stderr, r.stderr
+    assert "no journal schema" not in r.stderr, r.stderr
+
+
 def test_read_only_session_on_a_new_database(pg_url: str) -> None:
     """A URL whose session is read-only (`?options=-c default_transaction_read_only=on`, as a hot
     standby is) on a new database: `car heist` ends with one `error:` line, exit 1. It failed before
