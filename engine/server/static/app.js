@@ -231,7 +231,7 @@ function resetView() {
   Object.assign(S, { lastSeq: -1, seen: new Set(), events: [], agents: [], rounds: 0, status: null,
     controllable: false, suspect: null, verdict: null, stepsEl: new Map(), tools: [], stats: Object.create(null),
     gen: S.gen + 1, pending: null, busy: false, branch: false, badgeKey: null, unknown: false,
-    scenario: null, renderQueued: false });
+    scenario: null, renderQueued: false, statsQueued: false, scrollQueued: false });
   // nothing applies, and nothing of the previous session is shown, until the new session's
   // state is known: its status, progress and live dot would pass for the new one's
   syncButtons();
@@ -527,7 +527,7 @@ function handle(e, live) {
       const s = S.stats[e.agent] || (S.stats[e.agent] = { calls: 0, ok: 0, failed: 0 });
       s.calls += 1;
       if (e.success) s.ok += 1; else s.failed += 1;
-      addTool(e); renderSoon(); break;
+      addTool(e); S.statsQueued = true; renderSoon(); break;
     }
     case "message":
       addMessage(e); break;
@@ -559,7 +559,10 @@ function renderSoon() {
   queueMicrotask(() => {
     if (S.gen !== gen) return;
     S.renderQueued = false;
-    renderStats();
+    if (S.statsQueued) {
+      S.statsQueued = false;
+      renderStats();
+    }
     if (S.scrollQueued) {
       S.scrollQueued = false;
       const feed = $("feed");
