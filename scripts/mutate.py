@@ -74,6 +74,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_journal_rows.py",
         "tests/test_journal_packed.py",
         "tests/test_journal_lock.py",
+        "tests/test_append_interrupted.py",
     ],
     "engine/verify.py": [
         "tests/test_known_answers.py",

@@ -121,3 +121,39 @@ def test_an_interrupt_as_a_recorded_programs_run_is_created_closes_it(tmp_path: 
             assert kinds == ["RunStarted", "RunEnded"], kinds
             report = verify_journal(j)
             assert report.ok, report.problems[:3]
+
+
+class LostBeforeCommit(Journal):
+    """Raises KeyboardInterrupt from its next insert once `lose` is set, after the rows were
+    inserted and before the COMMIT: the step is rolled back."""
+
+    lose = False
+
+    def _insert(self, cur: Any, run_id: str, rows: Any, texts: Any, state: int) -> int:
+        head = super()._insert(cur, run_id, rows, texts, state)
+        if LostBeforeCommit.lose:
+            LostBeforeCommit.lose = False
+            raise KeyboardInterrupt
+        return head
+
+
+def test_an_append_past_a_step_that_was_rolled_back_is_refused(tmp_path: Path) -> None:
+    """A caller that takes a rolled-back step for written and appends after it gets one error
+    naming the missing event. The writer kept the chain hash its insert had cached for the
+    lost rows, chained the next step to them and wrote it past a gap (`car verify`: "events
+    1..2 removed")."""
+    from engine import events as ev
+    from engine.errors import JournalError
+
+    with LostBeforeCommit(tmp_path / "j.db") as j:
+        run = j.create_run("x")
+        head = j.append(run, [ev.ChatMessage(step=0, agent="a", text="one")], 0)
+        LostBeforeCommit.lose = True
+        lost = [ev.ChatMessage(step=1, agent="a", text=t) for t in ("two", "three")]
+        with pytest.raises(KeyboardInterrupt):
+            j.append(run, lost, head)
+        with pytest.raises(JournalError, match="has no event at seq 2"):
+            j.append(run, [ev.ChatMessage(step=2, agent="a", text="four")], head + 2)
+        assert j.head(run) == head
+        report = verify_journal(j)
+        assert report.ok, report.problems[:3]
