@@ -299,18 +299,23 @@ def _interrupted(line: str = "interrupted") -> None:
     the loaded libraries is skipped: under load it alone takes a second or more, and a user
     who pressed Ctrl-C waits for it. Through `hard_exit`, so that a wind-down deadline firing
     at the same moment cannot add a second line."""
-    from engine.workers import hard_exit
-
+    try:
+        from engine.workers import hard_exit
+    except ImportError:
+        # a signal handler's call while engine.workers itself is being imported (its module
+        # is there, half made): nothing else can be writing a line yet
+        os.write(2, (line + "\n").encode())
+        os._exit(130)
     hard_exit(line)
 
 
 def _exit_after(seconds: float) -> None:
-    """End the process with `interrupted` if it is still running `seconds` from now."""
+    """End the process with `interrupted` if it is still running `seconds` from now. Called
+    from a signal handler, which may run while any module is half imported: what the timer
+    needs is imported when it fires."""
     import threading
 
-    from engine.workers import hard_exit
-
-    timer = threading.Timer(seconds, hard_exit)
+    timer = threading.Timer(seconds, _interrupted)
     timer.daemon = True
     timer.start()
 

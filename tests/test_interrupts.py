@@ -409,3 +409,28 @@ def test_a_ctrl_c_that_came_out_as_another_error_is_found() -> None:
     other = RuntimeError("b")
     cyclic.__context__, other.__context__ = other, cyclic
     assert interrupt_behind(cyclic) is None
+
+
+def test_ctrl_c_while_the_workers_module_is_half_imported() -> None:
+    """The CLI's SIGINT handler starts the wind-down deadline; it imported engine.workers to
+    do so, and a Ctrl-C that arrived while that very module was being imported (a fork
+    command starting) failed in the handler with "cannot import name 'hard_exit' from
+    partially initialized module", a traceback and exit 1 (seen once in a fresh-clone CI).
+    Here the half-imported module is stood in by an empty one (a signal cannot be aimed at
+    one import): the handler still raises KeyboardInterrupt, and the deadline ends the
+    process with one line and exit 130."""
+    code = (
+        "import sys, time, types\n"
+        "import cli\n"
+        "sys.modules['engine.workers'] = types.ModuleType('engine.workers')\n"
+        "try:\n"
+        "    cli._keyboard_interrupt(2, None)\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
+        "time.sleep(30)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 130, r.stderr
+    assert r.stderr == "interrupted\n", r.stderr
