@@ -385,7 +385,7 @@ class Journal:
     # ------------------------------------------------------------------ setup
 
     def _where(self) -> str:
-        return repr(str(self.path)) if self.path is not None else repr(_redact(self.url))
+        return repr(str(self.path)) if self.path is not None else repr(redacted_url(self.url))
 
     def _open_sqlite(self, create: bool, upgrade: bool) -> sqlite3.Connection:
         path = self.path
@@ -473,13 +473,13 @@ class Journal:
         try:
             self._engine = create_engine(self.url, pool_pre_ping=True)
         except Exception as e:  # bad URL or missing driver
-            raise JournalError(f"cannot use journal URL {_redact(self.url)!r}: {e}") from e
+            raise JournalError(f"cannot use journal URL {redacted_url(self.url)!r}: {e}") from e
         if _holds_nul(self._engine.url):
             # libpq reads its connection string up to a NUL: the user, port and options after
             # it would be dropped and their defaults used - another server, another user
             self._engine.dispose()
             raise JournalError(
-                f"cannot use journal URL {_redact(self.url)!r}: it holds a NUL character (%00)"
+                f"cannot use journal URL {redacted_url(self.url)!r}: it holds a NUL character (%00)"
             )
         _quiet_driver_logs()
         refused: tuple[type[BaseException], ...] = (
@@ -2327,10 +2327,11 @@ def _sql_type(cell: Any) -> str:
     return "blob"
 
 
-def _redact(url: str) -> str:
-    """The URL with its password masked: the one of the authority part (up to the first "/"
-    after "scheme://", so a SQLite path holding "@" is left alone) and a `password=` or
-    `sslpassword=` of a server URL's query string, which libpq takes as well."""
+def redacted_url(url: str) -> str:
+    """A journal target as it may be shown, its password masked: the one of the authority
+    part (up to the first "/" after "scheme://", so a SQLite path holding "@" is left alone)
+    and a `password=` or `sslpassword=` of a server URL's query string, which libpq takes as
+    well."""
     if "://" not in url:
         return url
     scheme, rest = url.split("://", 1)
@@ -2346,11 +2347,6 @@ def _redact(url: str) -> str:
 
 #: a password in a server URL's query string (`?password=...`, `&sslpassword=...`)
 _QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
-
-
-def redacted_url(target: str) -> str:
-    """A journal target as it may be shown: a server URL without its password."""
-    return _redact(target)
 
 
 def _holds_nul(url: Any) -> bool:

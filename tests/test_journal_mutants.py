@@ -224,7 +224,7 @@ def test_proc_start_reads_field_22_of_stat() -> None:
 )
 def test_redact(url: str, shown: str) -> None:
     """A URL's password never shows; the user, host and path do; no URL, no change."""
-    assert jm._redact(url) == shown
+    assert jm.redacted_url(url) == shown
 
 
 def test_first_line_and_violation_classes() -> None:

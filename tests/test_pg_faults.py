@@ -584,7 +584,7 @@ def test_hostile_urls_are_one_error_line(own_pg: OwnServer) -> None:
 def test_password_in_the_query_string_is_not_printed(own_pg: OwnServer) -> None:
     """A password given as libpq's `?password=` parameter (which SQLAlchemy and psycopg accept like
     the `user:password@` form) is masked in the error line as the other form is. It failed before
-    the fix: `_redact` masks only the authority part, so `error: cannot open journal
+    the fix: the masking covered only the authority part, so `error: cannot open journal
     '...?password=leaked-pw': ... password authentication failed` prints it in clear."""
     port = make_url(own_pg.url).port
     url = f"postgresql+psycopg://carpw@127.0.0.1:{port}/car_faults?password=leaked-pw"
