@@ -40,9 +40,9 @@ from engine.program import wire
 from engine.program.matching import MatchMode, RecordedCall, recorded_calls
 from engine.program.proxy import Proxy, Session
 from engine.program.upstream import DEFAULT_MAX_REPLY_BYTES, DEFAULT_TIMEOUT, Upstream
-from engine.runtime.episode import close_created
+from engine.runtime.episode import close_after, start_run
 from engine.runtime.recorder import Recorder
-from engine.state import State, apply, state_at_seq, step_seq
+from engine.state import state_at_seq, step_seq
 from engine.version import engine_version
 
 SCENARIO = "program"
@@ -321,17 +321,11 @@ def record(
         engine_version=engine_version(),
         started_at=_utc_now(),
     )
-    run_id = journal.new_run_id()
+    recorder = start_run(journal, SCENARIO, [started], label=name or shlex.join(cmd)[:80])
     try:
-        # the run and its RunStarted in one transaction: it exists with it or not at all, and
-        # a Ctrl-C that comes out of that commit (or before the program starts) closes it
-        journal.create_run(
-            SCENARIO, label=name or shlex.join(cmd)[:80], run_id=run_id, events=[started]
-        )
-        recorder = Recorder(journal, run_id, apply(State(), started), 1, leased=True)
         session = Session(recorder=recorder, upstream=up, root_seed=seed)
-    except BaseException as e:
-        close_created(journal, run_id, e)
+    except BaseException as e:  # a Ctrl-C before the program starts: the run is closed
+        close_after(recorder, e)
         raise
     return _guarded(recorder, session, cmd, outcome, stdout)
 

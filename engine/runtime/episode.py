@@ -7,7 +7,7 @@ the recorder as one atomic append before the next step begins."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from engine.runtime.clock import Clock, SystemClock
 from engine.runtime.control import ControlChannel
 from engine.runtime.recorder import Recorder
 from engine.scenario import SteppedScenario
-from engine.state import State, apply
+from engine.state import State, fold
 
 log = get_logger("car.runtime")
 
@@ -198,16 +198,37 @@ def close_after(recorder: Recorder, exc: BaseException) -> None:
         log.error("could not close the run", error=str(e))
 
 
-def close_created(journal: Journal, run_id: str, exc: BaseException) -> None:
+def start_run(
+    journal: Journal,
+    scenario: str,
+    opening: Sequence[ev.Event],
+    *,
+    label: str = "",
+    group_ms: float = 0.0,
+) -> Recorder:
+    """A new run with its opening events, written in one transaction (it exists with them or
+    not at all), and the recorder that goes on writing it. Whatever ends this before the
+    recorder is handed over, a Ctrl-C coming out of that COMMIT included, closes the run if it
+    was created: it never stays open with nobody writing it."""
+    run_id = journal.new_run_id()
+    try:
+        journal.create_run(scenario, label=label, run_id=run_id, events=opening)
+        return Recorder(
+            journal, run_id, fold(opening), len(opening), group_ms=group_ms, leased=True
+        )
+    except BaseException as e:
+        _close_created(journal, run_id, e)
+        raise
+
+
+def _close_created(journal: Journal, run_id: str, exc: BaseException) -> None:
     """Close a run whose creation an interrupt broke into: its transaction may have committed
     before the exception came out of it (a Ctrl-C during COMMIT), and then it would stay open
     with nobody writing it. Nothing to do when the run was not created."""
     try:
         if journal.status(run_id) != "recording":
             return
-        state = State()
-        for e in journal.events(run_id):
-            state = apply(state, e)
+        state = fold(journal.events(run_id))
         recorder = Recorder(journal, run_id, state, state.seq, leased=True)
     except Exception:  # not created (UnknownRun), or the journal itself is what failed
         return

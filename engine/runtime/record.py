@@ -17,13 +17,13 @@ from engine.runtime.episode import (
     EpisodeResult,
     StepCallback,
     close_after,
-    close_created,
     run_episode,
+    start_run,
 )
-from engine.runtime.recorder import DEFAULT_GROUP_MS, Recorder
+from engine.runtime.recorder import DEFAULT_GROUP_MS
 from engine.runtime.seeds import step_seed
 from engine.scenario import SteppedScenario
-from engine.state import DEFAULT_CONTEXT_WINDOW, State, apply
+from engine.state import DEFAULT_CONTEXT_WINDOW
 from engine.version import engine_version
 
 #: The largest root seed (what the server and `car heist --seed` accept: a signed 64-bit int)
@@ -85,18 +85,10 @@ def record_run(
     first = run_started(
         scenario, policy, seed, clk.now_iso(), rounds=rounds, context_window=context_window
     )
-    events = [first, *opening]
-    run_id = journal.new_run_id()
-    recorder: Recorder | None = None
+    recorder = start_run(journal, scenario.name, [first, *opening], label=label, group_ms=group_ms)
     try:
-        # the run and its opening in one transaction: it exists with them or not at all
-        journal.create_run(scenario.name, label=label, run_id=run_id, events=events)
-        state = State()
-        for e in events:
-            state = apply(state, e)
-        recorder = Recorder(journal, run_id, state, len(events), group_ms=group_ms, leased=True)
         if on_created is not None:
-            on_created(run_id)
+            on_created(recorder.run_id)
         return run_episode(
             recorder,
             scenario,
@@ -109,10 +101,7 @@ def record_run(
             server=server,
         )
     except BaseException as e:
-        # Ctrl-C at any moment, also while the run was being created or handed over (the
-        # episode closes the run itself; closing a closed run again writes nothing)
-        if recorder is not None:
-            close_after(recorder, e)
-        else:
-            close_created(journal, run_id, e)
+        # Ctrl-C at any moment, also before the episode took the run over (the episode
+        # closes the run itself; closing a closed run again writes nothing)
+        close_after(recorder, e)
         raise
