@@ -187,11 +187,14 @@ def busy_response(exc: JournalBusy) -> JSONResponse:
     )
 
 
+def _echo(text: str) -> str:
+    """A client's value as an answer quotes it back: at most ECHO_CHARS long (a value of a
+    megabyte is not worth a megabyte of answer; a 10,000-character id came back twice)."""
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + f"... ({len(text)} characters)"
+
+
 def _not_found(session_id: str, error: UnknownRun | None = None) -> ApiError:
-    # quoted back at most ECHO_CHARS long, as a validation error quotes its value: a client's
-    # 10,000-character id came back twice
-    if len(session_id) > ECHO_CHARS:
-        session_id = session_id[:ECHO_CHARS] + f"... ({len(session_id)} characters)"
+    session_id = _echo(session_id)
     if error is not None and "ambiguous" in str(error):
         # a prefix of several runs: "unknown" would send the client looking for a typo
         return ApiError(
@@ -204,16 +207,12 @@ def _not_found(session_id: str, error: UnknownRun | None = None) -> ApiError:
 
 
 def _short_echo(error: Mapping[str, Any]) -> dict[str, Any]:
-    """A validation error with the client's value quoted back at most ECHO_CHARS long: a
-    value of a megabyte is not worth a megabyte of answer."""
+    """A validation error with the client's value quoted back (`_echo`)."""
     out = dict(error)
     if "input" in out:
         value = _renderable(out["input"])
         text = json.dumps(value)
-        if len(text) > ECHO_CHARS:
-            out["input"] = text[:ECHO_CHARS] + f"... ({len(text)} characters)"
-        else:
-            out["input"] = value
+        out["input"] = _echo(text) if len(text) > ECHO_CHARS else value
     return out
 
 
