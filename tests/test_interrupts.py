@@ -311,6 +311,13 @@ def test_ctrl_c_while_the_server_hangs(failed_heist: tuple[Path, str], concurren
             s.close()
 
 
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run by this Python in a process of its own, from the project's root."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_two_threads_ending_the_process_write_one_line() -> None:
     """The wind-down timer and the command itself may both end the process on one Ctrl-C:
     only the first writes its line. The window between the first's line and the process's end
@@ -328,9 +335,7 @@ def test_two_threads_ending_the_process_write_one_line() -> None:
         "threading.Timer(0.1, t.start).start()\n"
         "workers.hard_exit('interrupted')\n"
     )
-    res = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30
-    )
+    res = run_python(code)
     assert res.returncode == 130
     assert res.stderr.splitlines() == ["interrupted"]
 
@@ -429,8 +434,6 @@ def test_ctrl_c_while_the_workers_module_is_half_imported() -> None:
         "    pass\n"
         "time.sleep(30)\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    r = run_python(code)
     assert r.returncode == 130, r.stderr
     assert r.stderr == "interrupted\n", r.stderr
