@@ -16,11 +16,18 @@ Records the seed-7 heist (embedded sim policy, default crew) at each --rounds (6
   sets (the command's own process: start-up, the run, the report; Amdahl);
 * the same default attribution run a second time on its own journal (reuse: bytes added);
 * the floor: the code of git commit --old (default bd1ae00, before this work) doing the same
-  default attribution in the same run, for its wall time, bytes and locus.
+  default attribution in the same run, for its wall time, bytes and locus;
+* the locus over attribution seeds 0 .. --locus-seeds - 1 (sizes up to --locus-max-steps),
+  new code (`--all-steps`) beside the old: which step each names, and per step the rescues
+  each code observed, compared by Fisher's exact test (Bonferroni over the steps). The locus
+  is the last step where a forward run was rescued, a random variable of the seed in both
+  codes; its branch seeds differ from the old code's since decision 62, so one seed's locus
+  cannot be compared draw for draw, the per-step rescue rates can.
 
 Targets (issue 10): 24-step default <= 4 MiB added, Shapley <= 25 MiB, 96-step default wall
 time <= 1/4 of the old one, -c 2 >= 1.5x -c 1 (printed for both attributions), the same
-locus as the old code on seed 7.
+locus as the old code on seed 7 (attribution seed 0), and no step whose rescue rate differs
+from the old code's.
 """
 
 from __future__ import annotations
@@ -141,6 +148,33 @@ def record(work: Path, rounds: int, tree: Path = ROOT, tag: str = "") -> tuple[P
     return journal, json.loads(res.stdout)["run_id"]
 
 
+def rescues(data: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Per step of an attribution's --json: (forward runs rescued, forward runs). Its effect
+    is P(bad | resample) - 1 = -rescued / n, so rescued = -effect * n."""
+    steps = (data.get("detail") or {}).get("steps") or []
+    return {int(e["step"]): (round(-e["effect"] * e["n"]), int(e["n"])) for e in steps}
+
+
+def loci_over_seeds(
+    tree: Path, journal: Path, run: str, seeds: int, work: Path, extra: tuple[str, ...]
+) -> dict[str, Any]:
+    """The locus and the per-step rescues of `seeds` attributions (seeds 0..seeds-1), each on
+    a fresh copy of `journal`, by the code of `tree`."""
+    loci: list[int | None] = []
+    pooled: dict[int, list[int]] = {}
+    for seed in range(seeds):
+        copy = copy_db(journal, work / f"loci-{seed}.db")
+        _, data = car(tree, copy, "attribute", run, "--seed", str(seed), *extra)
+        loci.append(data["locus"])
+        for step, (rescued, n) in rescues(data).items():
+            acc = pooled.setdefault(step, [0, 0])
+            acc[0] += rescued
+            acc[1] += n
+        for p in work.glob(f"loci-{seed}.db*"):
+            p.unlink()
+    return {"loci": loci, "rescues": {str(k): v for k, v in sorted(pooled.items())}}
+
+
 def measure(
     rounds: list[int],
     old: str | None,
@@ -149,6 +183,8 @@ def measure(
     shapley: bool = True,
     pairs: int = 3,
     shapley_pairs: int = 2,
+    locus_seeds: int = 8,
+    locus_max_steps: int = 48,
 ) -> dict[str, Any]:
     say(quiet, "this machine's two-process throughput (pure Python)")
     out: dict[str, Any] = {"sizes": [], "two_process_throughput": two_process_throughput()}
@@ -248,10 +284,51 @@ def measure(
                     "wall_s": wall, "bytes": db_bytes(jo) - old_base, "locus": data["locus"],
                     "forward_runs": data["forward_runs"],
                 }  # fmt: skip
+                if locus_seeds and 6 * r <= locus_max_steps:
+                    say(quiet, f"{6 * r} steps: loci over {locus_seeds} seeds, new and old")
+                    size["loci"] = {
+                        "new": loci_over_seeds(ROOT, journal, run, locus_seeds, work,
+                                               ("--all-steps",)),
+                        "old": loci_over_seeds(old_src, jo, old_run, locus_seeds, work, ()),
+                    }  # fmt: skip
             for p in [*work.glob(f"r{r}-*.db*"), *work.glob(f"heist-r{r}-old.db*")]:
                 p.unlink()
             out["sizes"].append(size)
     return out
+
+
+def loci_rows(steps: int, loci: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The loci over seeds of both codes, and whether any step's rescue rate differs."""
+    from scipy.stats import fisher_exact
+
+    def spread(values: list[int | None]) -> str:
+        counts: dict[str, int] = {}
+        for v in values:
+            counts[str(v)] = counts.get(str(v), 0) + 1
+        return " ".join(f"{k}x{c}" for k, c in sorted(counts.items(), key=lambda kc: -kc[1]))
+
+    new, old = loci["new"], loci["old"]
+    seeds = len(new["loci"])
+    rows = [
+        (f"{steps} steps: locus over seeds 0-{seeds - 1}, new", spread(new["loci"]), "", ""),
+        (f"{steps} steps: locus over seeds 0-{seeds - 1}, old", spread(old["loci"]), "", ""),
+    ]
+    common = sorted(set(new["rescues"]) & set(old["rescues"]), key=int)
+    differ, smallest = [], 1.0
+    for k in common:
+        (a, n), (b, m) = new["rescues"][k], old["rescues"][k]
+        p = float(fisher_exact([[a, n - a], [b, m - b]])[1])
+        smallest = min(smallest, p)
+        if p < 0.05 / len(common):
+            differ.append(k)
+    tot_new = [sum(v[i] for v in new["rescues"].values()) for i in (0, 1)]
+    tot_old = [sum(v[i] for v in old["rescues"].values()) for i in (0, 1)]
+    rows.append((f"{steps} steps: rescued / forward runs, all steps, new / old",
+                 f"{tot_new[0]}/{tot_new[1]} / {tot_old[0]}/{tot_old[1]}", "", ""))  # fmt: skip
+    rows.append((f"{steps} steps: steps whose rescue rate differs (Fisher, Bonferroni 5%)",
+                 f"{len(differ)} of {len(common)} (least p {smallest:.2f})", "0",
+                 verdict(not differ)))  # fmt: skip
+    return rows
 
 
 def table(res: dict[str, Any]) -> None:
@@ -284,6 +361,8 @@ def table(res: dict[str, Any]) -> None:
             same = verdict(d["locus"] == old["locus"]) if steps == 24 else ""
             rows.append((f"{steps} steps: locus new / old", f"{d['locus']} / {old['locus']}",
                          "same" if steps == 24 else "", same))  # fmt: skip
+        if s.get("loci"):
+            rows.extend(loci_rows(steps, s["loci"]))
         speed = statistics.median(d.get("walls_s", [d["wall_s"]])) / statistics.median(
             c2.get("walls_s", [c2["wall_s"]])
         )
@@ -364,13 +443,21 @@ def main() -> None:
         "--shapley-pairs", type=int, default=2,
         help="-c 1 / -c 2 runs each of the Shapley attribution (medians; 0: -c 1 only)",
     )  # fmt: skip
+    p.add_argument(
+        "--locus-seeds", type=int, default=8,
+        help="attribution seeds over which the loci of new and old code are compared (0: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--locus-max-steps", type=int, default=48,
+        help="compare loci over seeds on sizes up to this many steps (the old code is slow)",
+    )  # fmt: skip
     add_output_options(p)
     args = p.parse_args()
     t0 = time.perf_counter()
     load0 = loadavg()
     res = measure(
         args.rounds, args.old or None, args.quiet, args.dir, not args.skip_shapley, args.pairs,
-        args.shapley_pairs,
+        args.shapley_pairs, args.locus_seeds, args.locus_max_steps,
     )  # fmt: skip
     res["old"] = args.old
     res["env"] = environment(
