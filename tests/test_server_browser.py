@@ -207,6 +207,21 @@ def test_finished_run_branches_attribution_and_text_only(browser: Browser, serve
     assert "forward runs" in page.inner_text("#attribution")
     shot(page, "dashboard-finished", full=True)
 
+    # a locus that the later steps' intervals do not settle says so, and what would settle it
+    weak = {
+        "locus": 2, "locus_agent": "hacker", "forward_runs": 131,
+        "ranked": [{"step": 2, "agent": "hacker", "effect": -0.02, "ci": [-0.07, -0.005], "n": 102},
+                   {"step": 3, "agent": "intel", "effect": 0.0, "ci": [-0.198, 0.0], "n": 29}],
+        "locus_settled": False, "not_excluded": [3],
+        "to_settle": {"half_width": 0.0098, "runs_per_step": 358},
+    }  # fmt: skip
+    page.evaluate("d => renderAttribution(d)", weak)
+    note = page.inner_text("#attribution .unsettled")
+    assert "step 3 rescued no run" in note and "step 2's (-0.020)" in note
+    assert "half-width of 0.0098" in note and "358 forward runs" in note
+    page.evaluate("d => renderAttribution(d)", {**weak, "locus_settled": True, "not_excluded": []})
+    assert page.locator("#attribution .unsettled").count() == 0
+
     # the blog's hint rule, on the page's own renderer: shown above 0.6 confidence only
     for confidence, shown in ((0.6, False), (0.61, True), (0.95, True), (0.2, False)):
         page.evaluate(

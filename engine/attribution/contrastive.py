@@ -337,6 +337,86 @@ def contrastive(
     return _result(kind, confidence, crn, effects, runner.done, target_half_width, all_steps)
 
 
+class Settling(msgspec.Struct, frozen=True):
+    """How firmly a scan's locus stands against the steps after it. The locus is the last step
+    whose interval excludes zero; a later step without a rescue only settles that claim when
+    its own interval excludes an effect as strong as the locus's. `not_excluded` names the
+    later steps whose interval still admits it; `half_width` (adaptive) or `runs` (fixed) is
+    what the same command would need for their rescue-free intervals to exclude it, and
+    `runs_per_step` the forward runs each such step would then take (None: out of reach)."""
+
+    settled: bool
+    not_excluded: tuple[int, ...] = ()
+    half_width: float | None = None
+    runs: int | None = None
+    runs_per_step: int | None = None
+
+
+def locus_settling(
+    result: ContrastiveResult,
+    *,
+    batch: int = 16,
+    max_runs_per_step: int = 4096,
+    max_fixed_runs: int = 100_000,
+) -> Settling | None:
+    """Whether `result`'s locus is settled against the later steps (None without a locus).
+    `batch` and `max_runs_per_step` must be those the scan ran with (its adaptive schedule)."""
+    if result.locus is None:
+        return None
+    strength = result.effect_of(result.locus).effect
+    later = tuple(s.step for s in result.steps if s.step > result.locus and s.ci[0] <= strength)
+    if not later:
+        return Settling(settled=True)
+    if result.mode == ContrastiveMode.FIXED.value:
+        k = _runs_to_exclude(strength, 1 - result.confidence, max_fixed_runs)
+        return Settling(settled=False, not_excluded=later, runs=k, runs_per_step=k)
+    h = result.target_half_width or 0.5
+    while h > 1e-4:
+        h = _round_down(h * 0.9)
+        n, lower = _rescue_free(result.confidence, h, batch, max_runs_per_step)
+        if lower > strength:
+            return Settling(settled=False, not_excluded=later, half_width=h, runs_per_step=n)
+        if n >= max_runs_per_step:
+            break
+    return Settling(settled=False, not_excluded=later)
+
+
+def _rescue_free(
+    confidence: float, half_width: float, batch: int, max_runs: int
+) -> tuple[int, float]:
+    """Where the adaptive scan stops on a step none of whose runs is rescued: (its runs, the
+    lower end of its effect's interval)."""
+    looks = adaptive_schedule(confidence, half_width, batch, max_runs)
+    for i, look in enumerate(looks):
+        lo, _ = wilson(look.n, look.n, look.alpha)
+        if (1.0 - lo) / 2 <= half_width or i == len(looks) - 1:
+            return look.n, lo - 1.0
+    raise AssertionError("an adaptive schedule has at least one look")
+
+
+def _runs_to_exclude(strength: float, alpha: float, cap: int) -> int | None:
+    """Fewest runs whose rescue-free Wilson interval excludes an effect of `strength` (< 0)."""
+    hi = 2
+    while wilson(hi, hi, alpha)[0] - 1.0 <= strength:
+        hi *= 2
+        if hi > cap:
+            return None
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if wilson(mid, mid, alpha)[0] - 1.0 > strength:
+            hi = mid
+        else:
+            lo = mid
+    return max(hi, MIN_FIXED_RUNS)
+
+
+def _round_down(x: float) -> float:
+    """`x` rounded down to two significant digits (a smaller half-width only narrows)."""
+    scale = 10 ** (1 - math.floor(math.log10(x)))
+    return math.floor(x * scale) / scale
+
+
 class _Runner:
     """Issues the forward runs of one estimate: seeds, batching, the progress count."""
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from engine.attribution.base import ForwardModel, PlayersKind, Progress
-from engine.attribution.contrastive import ContrastiveMode, contrastive
+from engine.attribution.contrastive import (
+    ContrastiveMode,
+    Settling,
+    contrastive,
+    locus_settling,
+)
 from engine.attribution.pcg import SeedStream
 from engine.errors import ConfigError
 
@@ -48,6 +53,7 @@ def attribution_report(
             progress=progress,
         )
         data = res.to_dict()
+        settling = locus_settling(res)
         rows = [
             {
                 "step": s["step"],
@@ -70,6 +76,12 @@ def attribution_report(
                 "forward_runs": data["forward_runs"],
                 "all_steps": data["all_steps"],
                 "first_estimated": min((s["step"] for s in data["steps"]), default=None),
+                # whether every later step's interval excludes an effect as strong as the
+                # locus's (None: no locus); the later steps that do not, and what would settle
+                # them: a --half-width (adaptive) or -K (fixed), with the runs per step it takes
+                "locus_settled": None if settling is None else settling.settled,
+                "not_excluded": [] if settling is None else list(settling.not_excluded),
+                "to_settle": _to_settle(settling),
                 "detail": data,
             }
         )
@@ -107,3 +119,12 @@ def attribution_report(
         }
     )
     return out
+
+
+def _to_settle(settling: Settling | None) -> dict[str, Any] | None:
+    """What would settle an unsettled locus, as plain data (None when settled or out of reach)."""
+    if settling is None or settling.settled or settling.runs_per_step is None:
+        return None
+    if settling.half_width is not None:
+        return {"half_width": settling.half_width, "runs_per_step": settling.runs_per_step}
+    return {"runs": settling.runs, "runs_per_step": settling.runs_per_step}

@@ -600,6 +600,13 @@ def attribute_cmd(
         out.print(t)
         if data["locus"] is None:
             out.print("causal locus: [bold]none[/] (no step's interval excludes zero)")
+            weakest = min((r["ci"][0] for r in data["ranked"]), default=None)
+            if weakest is not None and weakest < 0:
+                out.print(
+                    f"  an effect down to {weakest:+.3f} is not excluded at any step: a smaller "
+                    "--half-width (or a larger -K) looks closer",
+                    highlight=False,
+                )
         else:
             out.print(
                 f"causal locus (point of commitment): [bold]step {data['locus']}[/] "
@@ -608,6 +615,8 @@ def attribute_cmd(
                 highlight=False,
             )
             out.print(printable(_clip(data["locus_message"], 100)), highlight=False, markup=False)
+            if data.get("locus_settled") is False:
+                out.print(_unsettled_line(data), highlight=False)
         first = data.get("first_estimated")
         if not data.get("all_steps") and first:
             out.print(
@@ -641,6 +650,33 @@ def attribute_cmd(
         highlight=False,
     )
     _print_executor(data.get("executor"))
+
+
+def _unsettled_line(data: dict[str, Any]) -> str:
+    """Why a locus is not settled, and what would settle it (markup)."""
+    effect = next(r["effect"] for r in data["ranked"] if r["step"] == data["locus"])
+    later = _spans(data["not_excluded"])
+    line = (
+        f"  [yellow]not settled[/]: {later} rescued no run, but "
+        f"{'its interval admits' if len(data['not_excluded']) == 1 else 'their intervals admit'}"
+        f" an effect as strong as step {data['locus']}'s ({effect:+.3f})"
+    )
+    fix = data.get("to_settle")
+    if fix is None:
+        return line + "; no budget within reach settles it"
+    flag = f"--half-width {fix['half_width']:g}" if "half_width" in fix else f"-K {fix['runs']}"
+    return line + f"; {flag} would settle it (~{fix['runs_per_step']} forward runs a step)"
+
+
+def _spans(steps: list[int]) -> str:
+    """`step 4`, `steps 19-23`, `steps 5, 7-9`: consecutive steps as ranges."""
+    parts: list[str] = []
+    for step in sorted(steps):
+        if parts and parts[-1].split("-")[-1] == str(step - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{step}"
+        else:
+            parts.append(str(step))
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(parts)
 
 
 def _print_executor(stats: dict[str, Any] | None) -> None:

@@ -928,7 +928,12 @@ async function attribute() {
   btn.textContent = "Attribute failure";
   if (S.gen !== gen) return;
   if (!r.ok) { toast(errorText(r, "attribution failed"), true); return; }
-  const d = r.data;
+  renderAttribution(r.data);
+  loadTree();
+}
+
+// The attribution chart and its notes, from the API's answer (also called by the tests).
+function renderAttribution(d) {
   const box = $("attribution");
   clear(box);
   const rows = [...d.ranked].sort((a, b) => a.step - b.step);
@@ -947,7 +952,20 @@ async function attribute() {
   box.append(el("p", { class: "note" }, d.locus === null || d.locus === undefined
     ? `No step's interval excludes zero. ${plural(d.forward_runs, "forward run")}.`
     : `Causal locus (point of commitment): step ${d.locus} (${d.locus_agent}). ${plural(d.forward_runs, "forward run")}. Bars: |effect| with its 95% interval.`));
-  loadTree();
+  if (d.locus_settled === false) box.append(el("p", { class: "note unsettled" }, unsettledText(d)));
+}
+
+// Why a locus is not settled: later steps rescued no run, but their intervals still admit an
+// effect as strong as the locus's; and what attribution request would settle it.
+function unsettledText(d) {
+  const later = d.not_excluded || [];
+  const locus = d.ranked.find((x) => x.step === d.locus);
+  const strength = locus ? ` (${fmt3(locus.effect)})` : "";
+  let text = `Not settled: ${later.length === 1 ? "step" : "steps"} ${later.join(", ")} rescued no run, but could hold an effect as strong as step ${d.locus}'s${strength}.`;
+  const fix = d.to_settle;
+  if (fix && fix.half_width !== undefined) text += ` A half-width of ${fix.half_width} would settle it (~${fix.runs_per_step} forward runs a step).`;
+  else if (fix && fix.runs !== undefined) text += ` ${fix.runs} runs a step would settle it.`;
+  return text;
 }
 
 async function fork(ev) {
