@@ -30,6 +30,7 @@ from engine.attribution.contrastive import (
     wilson,
 )
 from engine.attribution.pcg import SeedStream
+from engine.attribution.report import _to_settle
 from engine.journal import Journal
 from tests.test_attribute_cli import failed_heist
 
@@ -87,8 +88,8 @@ def test_fixed_mode_suggests_the_fewest_runs() -> None:
     res = result("fixed", [effect(2, 98, 100, 0.05), effect(3, 100, 100, 0.05)], target=None)
     s = locus_settling(res)
     assert s is not None and not s.settled and s.not_excluded == (3,)
-    k, strength = s.runs, res.effect_of(2).effect
-    assert k is not None and s.runs_per_step == k
+    k, strength = s.runs_per_step, res.effect_of(2).effect
+    assert k is not None and _to_settle(s) == {"runs": k, "runs_per_step": k}
     assert wilson(k, k, 0.05)[0] - 1 > strength >= wilson(k - 1, k - 1, 0.05)[0] - 1
 
 

@@ -76,6 +76,12 @@ if TYPE_CHECKING:
     from engine.attribution.pcg import SeedStream
 
 _SEED_BOUND = 2**63
+#: The adaptive scan's defaults: runs of a step's quick look, and the most runs a step takes
+#: (the settling check must plan with the schedule the scan ran with)
+BATCH = 16
+MAX_RUNS_PER_STEP = 4096
+#: Most forward runs per step of the FIXED mode a command takes (`car attribute -K`)
+MAX_FIXED_RUNS = 100_000
 #: Fewest forward runs per step of the FIXED mode: below it the Wilson interval's coverage
 #: falls far short of its level (79% at a nominal 95% for one run; measured by `car validate`).
 MIN_FIXED_RUNS = 2
@@ -267,9 +273,9 @@ def contrastive(
     k: int = 100,
     confidence: float = 0.95,
     target_half_width: float = 0.05,
-    batch: int = 16,
+    batch: int = BATCH,
     min_runs: int = 16,
-    max_runs_per_step: int = 4096,
+    max_runs_per_step: int = MAX_RUNS_PER_STEP,
     crn: bool = True,
     all_steps: bool = False,
     progress: Progress | None = None,
@@ -341,26 +347,28 @@ class Settling(msgspec.Struct, frozen=True):
     """How firmly a scan's locus stands against the steps after it. The locus is the last step
     whose interval excludes zero; a later step without a rescue only settles that claim when
     its own interval excludes an effect as strong as the locus's. `not_excluded` names the
-    later steps whose interval still admits it; `half_width` (adaptive) or `runs` (fixed) is
-    what the same command would need for their rescue-free intervals to exclude it, and
-    `runs_per_step` the forward runs each such step would then take (None: out of reach)."""
+    later steps whose interval still admits it; `runs_per_step` is the forward runs each would
+    need for its rescue-free interval to exclude it (None: out of reach), reached with the
+    target `half_width` in the adaptive mode and with that many runs (-K) in the fixed one."""
 
     settled: bool
     not_excluded: tuple[int, ...] = ()
     half_width: float | None = None
-    runs: int | None = None
     runs_per_step: int | None = None
 
 
 def locus_settling(
     result: ContrastiveResult,
     *,
-    batch: int = 16,
-    max_runs_per_step: int = 4096,
-    max_fixed_runs: int = 100_000,
+    batch: int = BATCH,
+    max_runs_per_step: int = MAX_RUNS_PER_STEP,
+    max_fixed_runs: int = MAX_FIXED_RUNS,
 ) -> Settling | None:
     """Whether `result`'s locus is settled against the later steps (None without a locus).
-    `batch` and `max_runs_per_step` must be those the scan ran with (its adaptive schedule)."""
+    `batch` and `max_runs_per_step` must be those the scan ran with (its adaptive schedule).
+    The adaptive suggestion is the first of target, 0.9 target, ... (two digits, rounded
+    down) whose rescue-free step excludes the locus's effect; out of reach once such a step
+    takes `max_runs_per_step` runs."""
     if result.locus is None:
         return None
     strength = result.effect_of(result.locus).effect
@@ -368,47 +376,39 @@ def locus_settling(
     if not later:
         return Settling(settled=True)
     if result.mode == ContrastiveMode.FIXED.value:
-        k = _runs_to_exclude(strength, 1 - result.confidence, max_fixed_runs)
-        return Settling(settled=False, not_excluded=later, runs=k, runs_per_step=k)
-    h = result.target_half_width or 0.5
-    while h > 1e-4:
+        k = _runs_to_exclude(strength, 1 - result.confidence)
+        return Settling(
+            settled=False, not_excluded=later, runs_per_step=k if k <= max_fixed_runs else None
+        )
+    h = result.target_half_width or 0.5  # a result made by hand may not say: the widest
+    while True:
         h = _round_down(h * 0.9)
         n, lower = _rescue_free(result.confidence, h, batch, max_runs_per_step)
         if lower > strength:
             return Settling(settled=False, not_excluded=later, half_width=h, runs_per_step=n)
-        if n >= max_runs_per_step:
-            break
-    return Settling(settled=False, not_excluded=later)
+        if n >= max_runs_per_step:  # narrower targets only add looks past the cap
+            return Settling(settled=False, not_excluded=later)
 
 
 def _rescue_free(
     confidence: float, half_width: float, batch: int, max_runs: int
 ) -> tuple[int, float]:
-    """Where the adaptive scan stops on a step none of whose runs is rescued: (its runs, the
-    lower end of its effect's interval)."""
-    looks = adaptive_schedule(confidence, half_width, batch, max_runs)
-    for i, look in enumerate(looks):
-        lo, _ = wilson(look.n, look.n, look.alpha)
-        if (1.0 - lo) / 2 <= half_width or i == len(looks) - 1:
-            return look.n, lo - 1.0
-    raise AssertionError("an adaptive schedule has at least one look")
+    """Where the adaptive scan stops on a step none of whose runs is rescued (the first look
+    whose interval is narrow enough, else the last): its runs and the lower end of its
+    effect's interval."""
+    for look in adaptive_schedule(confidence, half_width, batch, max_runs):
+        lo, hi = wilson(look.n, look.n, look.alpha)
+        if (hi - lo) / 2 <= half_width:
+            break
+    return look.n, lo - 1.0
 
 
-def _runs_to_exclude(strength: float, alpha: float, cap: int) -> int | None:
-    """Fewest runs whose rescue-free Wilson interval excludes an effect of `strength` (< 0)."""
-    hi = 2
-    while wilson(hi, hi, alpha)[0] - 1.0 <= strength:
-        hi *= 2
-        if hi > cap:
-            return None
-    lo = hi // 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if wilson(mid, mid, alpha)[0] - 1.0 > strength:
-            hi = mid
-        else:
-            lo = mid
-    return max(hi, MIN_FIXED_RUNS)
+def _runs_to_exclude(strength: float, alpha: float) -> int:
+    """Fewest runs n whose rescue-free Wilson interval excludes an effect of `strength` (< 0).
+    With every run bad the interval's lower end is n / (n + z^2), so the effect's is
+    -z^2 / (n + z^2), above `strength` exactly when n > z^2 / -strength - z^2."""
+    z2 = z_value(alpha) ** 2
+    return max(math.floor(z2 / -strength - z2) + 1, MIN_FIXED_RUNS)
 
 
 def _round_down(x: float) -> float:

@@ -127,4 +127,4 @@ def _to_settle(settling: Settling | None) -> dict[str, Any] | None:
         return None
     if settling.half_width is not None:
         return {"half_width": settling.half_width, "runs_per_step": settling.runs_per_step}
-    return {"runs": settling.runs, "runs_per_step": settling.runs_per_step}
+    return {"runs": settling.runs_per_step, "runs_per_step": settling.runs_per_step}
