@@ -16,18 +16,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
+import msgspec
 import pytest
 
 from engine.attribution import ForwardRequest
 from engine.attribution.contrastive import (
+    BATCH,
+    MAX_FIXED_RUNS,
+    MAX_RUNS_PER_STEP,
+    MIN_FIXED_RUNS,
     ContrastiveMode,
     ContrastiveResult,
+    Settling,
     StepEffect,
     _rescue_free,
+    _round_down,
+    _runs_to_exclude,
     adaptive_schedule,
     contrastive,
     locus_settling,
     wilson,
+    z_value,
 )
 from engine.attribution.pcg import SeedStream
 from engine.attribution.report import _to_settle
@@ -162,3 +171,110 @@ def test_cli_reports_whether_the_locus_is_settled(tmp_path: Path) -> None:
             assert f"--half-width {data['to_settle']['half_width']:g}" in text.stdout
         seen.add(str(data["locus_settled"]))
     assert "False" in seen  # the heist's default scan leaves a locus unsettled
+
+
+class NeverRescued:
+    """One step whose re-decided runs all end bad: what a rescue-free later step sees."""
+
+    n_steps = 1
+    step_agents: ClassVar[list[str | None]] = [None]
+    step_labels: ClassVar[list[str]] = ["0"]
+
+    def run_batch(self, requests: Sequence[ForwardRequest]) -> list[bool]:
+        return [True] * len(requests)
+
+
+@pytest.mark.parametrize("half_width", [0.3, 0.15, 0.1, 0.05, 0.02, 0.0098, 0.0045, 0.001])
+def test_rescue_free_is_where_the_scan_stops(half_width: float) -> None:
+    """The settling check plans with the scan's own stopping rule: at every target, the runs
+    and the interval it expects of a rescue-free step are those `contrastive` gives it (at
+    0.15 the quick look's interval is just too wide to stop at)."""
+    res = contrastive(NeverRescued(), rng=SeedStream(0), mode=ContrastiveMode.ADAPTIVE,
+                      target_half_width=half_width)  # fmt: skip
+    (step,) = res.steps
+    assert _rescue_free(0.95, half_width, BATCH, MAX_RUNS_PER_STEP) == (step.n, step.ci[0])
+
+
+def test_round_down_keeps_two_digits() -> None:
+    assert [_round_down(x) for x in (0.0123456, 0.09, 0.987, 0.1, 0.00999)] == [
+        0.012, 0.09, 0.98, 0.1, 0.0099,
+    ]  # fmt: skip
+
+
+def test_a_later_interval_reaching_exactly_the_locus_effect_admits_it() -> None:
+    """The boundary: a later step whose interval ends exactly at the locus's effect does not
+    exclude it."""
+    locus = StepEffect(step=1, label="1", agent=None, effect=-0.25, ci=(-0.5, -0.1), n=8,
+                       excludes_zero=True, level=0.95, phase="settled")  # fmt: skip
+    later = StepEffect(step=2, label="2", agent=None, effect=0.0, ci=(-0.25, 0.0), n=8,
+                       excludes_zero=False, level=0.95, phase="settled")  # fmt: skip
+    s = locus_settling(result("adaptive", [locus, later]))
+    assert s is not None and s.settled is False and s.not_excluded == (2,)
+    nudged = msgspec.structs.replace(later, ci=(-0.2499, 0.0))
+    assert locus_settling(result("adaptive", [locus, nudged])) == Settling(settled=True)
+
+
+def test_unsettled_answers_are_false_not_merely_falsy() -> None:
+    """settled is False (the JSON's `locus_settled: false`), in each mode and out of reach;
+    out of reach still names the steps."""
+    weak = [effect(2, 100, 102, 0.0375), effect(3, 29, 29, 0.0075)]
+    out_of_reach = [effect(2, 9999, 10000, 0.0375), effect(3, 29, 29, 0.0075)]
+    fixed = [effect(2, 98, 100, 0.05), effect(3, 100, 100, 0.05)]
+    for s in (locus_settling(result("adaptive", weak)),
+              locus_settling(result("adaptive", out_of_reach)),
+              locus_settling(result("fixed", fixed, target=None))):  # fmt: skip
+        assert s is not None and s.settled is False and s.not_excluded == (3,)
+
+
+def test_a_result_without_its_target_starts_from_the_widest() -> None:
+    """A hand-made adaptive result that does not say its target still gets a suggestion."""
+    steps = [effect(2, 100, 102, 0.0375), effect(3, 29, 29, 0.0075)]
+    s = locus_settling(result("adaptive", steps, target=None))
+    assert s is not None and s.half_width is not None
+    assert _rescue_free(0.95, s.half_width, BATCH, MAX_RUNS_PER_STEP)[1] > steps[0].effect
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01, 0.0075])
+@pytest.mark.parametrize("strength", [-0.9, -0.25, -0.02, -0.0031, -1e-4])
+def test_fewest_fixed_runs_by_the_closed_form(alpha: float, strength: float) -> None:
+    """-K's suggestion is the fewest runs whose rescue-free interval excludes the effect
+    (at least MIN_FIXED_RUNS), checked against the Wilson interval itself."""
+    k = _runs_to_exclude(strength, alpha)
+    assert wilson(k, k, alpha)[0] - 1 > strength
+    assert k == MIN_FIXED_RUNS or wilson(k - 1, k - 1, alpha)[0] - 1 <= strength
+
+
+def test_fixed_suggestion_is_capped_by_what_the_cli_takes() -> None:
+    """Up to `car attribute -K`'s bound a suggestion is made (76,826 runs for -5e-05, which
+    a doubling search once gave up on), beyond it none."""
+    from engine.commands.counterfactual import MAX_RUNS
+
+    assert MAX_FIXED_RUNS == MAX_RUNS
+    near = [effect(2, 19999, 20000, 0.05), effect(3, 100, 100, 0.05)]  # -5e-05
+    s = locus_settling(result("fixed", near, target=None))
+    assert s is not None and s.runs_per_step == 76_826
+    far = [effect(2, 199_999, 200_000, 0.05), effect(3, 100, 100, 0.05)]  # -5e-06
+    s = locus_settling(result("fixed", far, target=None))
+    assert s is not None and s.settled is False and s.runs_per_step is None
+
+
+def test_a_suggestion_is_a_half_width_the_command_takes() -> None:
+    """Without its target, a strong locus against a later step of one run: the suggestion is
+    the widest candidate below the command's bound (--half-width < 0.5), 0.45."""
+    locus = effect(2, 1, 4, 0.0375)  # -0.75
+    later = effect(3, 1, 1, 0.0075)  # one run: its interval reaches -0.9
+    s = locus_settling(result("adaptive", [locus, later], target=None))
+    assert s is not None and s.not_excluded == (3,) and s.half_width == 0.45
+
+
+def test_a_fixed_suggestion_at_exactly_the_bound_is_made() -> None:
+    """An effect whose fewest runs are exactly -K's bound still gets its suggestion."""
+    z2 = z_value(0.05) ** 2
+    strength = -z2 / (
+        MAX_FIXED_RUNS - 0.5 + z2
+    )  # n > MAX_FIXED_RUNS - 1 - ... exactly at the bound
+    assert _runs_to_exclude(strength, 0.05) == MAX_FIXED_RUNS
+    locus = StepEffect(step=2, label="2", agent=None, effect=strength, ci=(-0.5, -1e-9), n=9,
+                       excludes_zero=True, level=0.95, phase="fixed")  # fmt: skip
+    s = locus_settling(result("fixed", [locus, effect(3, 100, 100, 0.05)], target=None))
+    assert s is not None and s.runs_per_step == MAX_FIXED_RUNS
