@@ -385,6 +385,15 @@ def _ctrl_c_while_blocked(
     return took, proc.returncode, err
 
 
+def _assert_interrupted_while_blocked(url: str, proc: subprocess.Popen[str], what: str) -> None:
+    """`proc`, waiting on the locked events table, ends on SIGINT within seconds, with one
+    line and exit 130, and leaves a sound journal (its run abandoned at worst)."""
+    took, rc, err = _ctrl_c_while_blocked(url, proc)
+    assert took is not None, f"{what} ignored SIGINT for 4 s while blocked: {err[-800:]!r}"
+    assert interrupted_badly(rc, err) is None, interrupted_badly(rc, err)
+    assert_journal_sound(url, abandoned_ok=True)
+
+
 def test_ctrl_c_of_heist_waiting_on_the_journal(pg_url: str) -> None:
     """Ctrl-C of `car heist` while its append waits for the server (here: another session holds a
     lock on `events`; equally a server that stopped answering) ends it within seconds, as `car
@@ -397,12 +406,7 @@ def test_ctrl_c_of_heist_waiting_on_the_journal(pg_url: str) -> None:
     wait_until(
         "the heist has steps", lambda: (scalar(url, "SELECT count(*) FROM events") or 0) > 50, proc
     )
-    took, rc, err = _ctrl_c_while_blocked(url, proc)
-    assert took is not None, (
-        f"car heist ignored SIGINT for 4 s (and a second one) while blocked: {err!r}"
-    )
-    assert interrupted_badly(rc, err) is None, interrupted_badly(rc, err)
-    assert_journal_sound(url, abandoned_ok=True)
+    _assert_interrupted_while_blocked(url, proc, "car heist")
 
 
 def test_ctrl_c_of_detect_eval_waiting_on_the_journal(pg_url: str) -> None:
@@ -415,12 +419,7 @@ def test_ctrl_c_of_detect_eval_waiting_on_the_journal(pg_url: str) -> None:
         url = fresh_pg_database(pg_url, "lock_detect")
         proc = spawn(url, "detect-eval", "--games", "50", "-m", "causal")
         wait_until("a game is recorded", functools.partial(has_runs, url, 2), proc)
-        took, rc, err = _ctrl_c_while_blocked(url, proc)
-        assert took is not None, (
-            f"trial {trial}: car detect-eval ignored SIGINT for 4 s while blocked: {err[-800:]!r}"
-        )
-        assert interrupted_badly(rc, err) is None, interrupted_badly(rc, err)
-        assert_journal_sound(url, abandoned_ok=True)
+        _assert_interrupted_while_blocked(url, proc, f"trial {trial}: car detect-eval")
 
 
 # --------------------------------------------------------------------------- 2. server goes away
