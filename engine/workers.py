@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import mmap
 import os
 import select
@@ -392,7 +393,14 @@ class WorkerPool:
         self.wall_s = 0.0
         self.local_busy_s = 0.0
         self.local_cpu_s = 0.0
+        self._frozen = False
         parent = os.getpid()
+        # what is alive now lives as long as the pool, mostly: out of the collector's reach
+        # until the pool closes, so that neither process's collections walk it again nor
+        # write to its pages, which would copy every page the workers share with this
+        # process (gc.freeze, meant for a fork; the workers keep it frozen for their life)
+        gc.freeze()
+        self._frozen = True
         try:
             for _ in range(workers):
                 self._workers.append(self._start(parent))
@@ -551,6 +559,11 @@ class WorkerPool:
             w.outbox.close()
         self._claims.release()
         self._workers = []
+        if self._frozen:
+            # this process lives on (a test, a server): what became garbage meanwhile is
+            # collected again
+            self._frozen = False
+            gc.unfreeze()
 
     def __enter__(self) -> WorkerPool:
         return self

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import msgspec
 import numpy as np
 import pytest
@@ -12,6 +14,9 @@ from engine.attribution import contrastive
 from engine.attribution.contrastive import adaptive_schedule, wilson
 from engine.attribution.scm import load_scm
 from engine.errors import ConfigError
+
+# the module (the package's `contrastive` is its function)
+contrastive_module = importlib.import_module("engine.attribution.contrastive")
 
 
 @pytest.mark.parametrize(("bad", "n"), [(0, 10), (3, 10), (10, 10), (50, 100), (99, 100), (1, 418)])
@@ -193,3 +198,63 @@ def test_result_to_dict_keys_and_settings() -> None:
         }  # fmt: skip
         assert s["agent"] == model.step_agents[s["step"]] and s["phase"] == "fixed"
         assert s["level"] == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    ("confidence", "target"), [(0.95, 0.1), (0.95, 0.05), (0.9, 0.2), (0.99, 0.1), (0.95, 0.3)]
+)
+def test_blind_looks_are_exactly_those_no_count_of_bad_runs_can_stop(
+    confidence: float, target: float
+) -> None:
+    """A look is blind when its interval is wider than the target at every count of bad runs;
+    every other look but the last can stop a step at some count; the last is never blind."""
+    schedule = adaptive_schedule(confidence, target, 16, 4096)
+    blind = contrastive_module.blind_looks(schedule, target)
+    assert len(schedule) - 1 not in blind
+    for i, look in enumerate(schedule[:-1]):
+        widths = [
+            (hi - lo) / 2 for lo, hi in (wilson(b, look.n, look.alpha) for b in range(look.n + 1))
+        ]
+        assert (i in blind) == (min(widths) > target), (i, look)
+
+
+def test_the_default_quick_look_is_blind() -> None:
+    """At `car attribute`'s defaults (95%, half-width 0.1, batch 16) the quick look cannot
+    stop a step: its 16 runs go with the settle look's, one batch of 29 where a step starts."""
+    schedule = adaptive_schedule(0.95, 0.1, 16, 4096)
+    assert [look.n for look in schedule] == [16, 29, 102]
+    assert contrastive_module.blind_looks(schedule, 0.1) == frozenset({0})
+    sizes: list[int] = []
+
+    class Sizes(Recording):
+        def run_batch(self, requests):  # type: ignore[no-untyped-def]
+            sizes.append(len(requests))
+            return super().run_batch(requests)
+
+    model = Sizes(MODELS["refund_pivot"])
+    result = contrastive(model, rng=np.random.default_rng(5), target_half_width=0.1)
+    assert sizes[0] == 29 and 16 not in sizes
+    assert sum(sizes) == result.forward_runs
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("target", [0.05, 0.1, 0.2])
+def test_merging_blind_looks_changes_the_batches_only(
+    name: str, target: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan with blind looks merged into the next gives the same answer, from the same
+    forward runs with the same seeds, as the scan that stops at every look, over 4 seeds;
+    in no more batches."""
+    for seed in range(4):
+        merged = Recording(MODELS[name])
+        kwargs = {"target_half_width": target, "all_steps": seed % 2 == 1}
+        got = contrastive(merged, rng=np.random.default_rng(seed), **kwargs)  # type: ignore[arg-type]
+        with monkeypatch.context() as m:
+            m.setattr(contrastive_module, "blind_looks", lambda *a: frozenset())
+            each = Recording(MODELS[name])
+            want = contrastive(each, rng=np.random.default_rng(seed), **kwargs)  # type: ignore[arg-type]
+        assert msgspec.to_builtins(got) == msgspec.to_builtins(want)
+        assert [(r.keep, r.branch_seed) for r in merged.requests] == [
+            (r.keep, r.branch_seed) for r in each.requests
+        ]
+        assert merged.batches <= each.batches

@@ -7,6 +7,7 @@ real lock and is killed with SIGKILL."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -156,6 +157,30 @@ def test_claims_meet_in_the_middle_and_close_ends_the_batch() -> None:
     assert claims.front() == 0
     claims.close()
     assert claims.front() is None and claims.back() is None
+
+
+def _frozen_here(item: int) -> tuple[int, int]:
+    time.sleep(0.002)  # long enough for both processes to take items
+    return os.getpid(), gc.get_freeze_count()
+
+
+def test_what_the_command_holds_at_the_fork_is_frozen_while_the_pool_lives() -> None:
+    """The objects alive when the pool forks are out of the collector's reach in the command
+    and in every worker while the pool lives (no collection walks them again, nor writes to
+    the pages the processes share), and back in the command's collector once the pool has
+    closed or stopped."""
+    gc.unfreeze()  # whatever another test's pool left frozen
+    for ending in ("close", "stop"):
+        # frozen objects may still die of their last reference (and leave the count): most
+        # of what the process holds, its modules and functions, does not
+        most = len(gc.get_objects()) // 2
+        pool = WorkerPool(1)
+        assert gc.get_freeze_count() > most
+        found = _collect(pool, _frozen_here, range(8), local=_frozen_here)
+        assert {pid for pid, _ in found.values()} == {os.getpid(), *pool.pids()}
+        assert all(count > most for _, count in found.values())
+        getattr(pool, ending)()
+        assert gc.get_freeze_count() == 0, ending
 
 
 def _count_fds() -> int:

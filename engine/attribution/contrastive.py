@@ -240,6 +240,21 @@ def adaptive_schedule(
     return tuple(looks)
 
 
+@functools.lru_cache(maxsize=64)
+def blind_looks(schedule: tuple[Look, ...], target_half_width: float) -> frozenset[int]:
+    """The looks of `schedule` (all but its last) that cannot stop a step, whatever their runs
+    show: at every count of bad runs their interval is wider than the target. The scan issues
+    their runs together with the next look's, in one batch (one wait for the slowest worker
+    instead of two); the step is decided at the same look on the same runs, so the answer is
+    the same."""
+    blind = set()
+    for i, look in enumerate(schedule[:-1]):
+        widths = (wilson(bad, look.n, look.alpha) for bad in range(look.n + 1))
+        if all((hi - lo) / 2 > target_half_width for lo, hi in widths):
+            blind.add(i)
+    return frozenset(blind)
+
+
 def _runs_for_half_width(target: float, alpha: float, worst_case: bool) -> int:
     """Smallest n whose Wilson interval has half-width <= target: with all n runs bad, or in
     the worst case (half of the runs bad, the widest interval)."""
@@ -320,6 +335,7 @@ def contrastive(
             f"target half-width must lie strictly between 0 and 0.5, got {target_half_width!r}"
         )
     schedule = adaptive_schedule(confidence, target_half_width, batch, max_runs_per_step)
+    blind = blind_looks(schedule, target_half_width)
     found: dict[int, StepEffect] = {}
     locus: int | None = None
     for step in reversed(range(n_steps)):
@@ -331,6 +347,8 @@ def contrastive(
             continue
         bad, n = 0, 0
         for i, look in enumerate(schedule):
+            if i in blind:
+                continue  # its runs go with the next look's: it cannot stop the step
             bad += runner.run(step, n, look.n - n)
             n = look.n
             effect = _effect(model, step, bad, n, look.alpha, "settled")
