@@ -36,7 +36,7 @@ from engine.commands.common import (
     out,
 )
 from engine.errors import ConfigError, EngineError, interrupt_behind
-from engine.terminal import in_markup, printable
+from engine.terminal import in_markup, printable, shown_name
 
 # plain values (str, int, float) are converted without importing pydantic (~0.15 s)
 coerce.install()
@@ -131,7 +131,7 @@ def show_cmd(
         seed = f"  seed={start['root_seed']}" if "root_seed" in start else ""
         out.print(
             f"policy={in_markup(start.get('policy'))}{seed}  "
-            f"agents={in_markup(', '.join(start.get('agents', [])))}",
+            f"agents={', '.join(in_markup(a, name=True) for a in start.get('agents', []))}",
             highlight=False,
         )
     for line in data["lines"]:
@@ -200,12 +200,12 @@ def state_cmd(
     out.print(f"seeds in window: {seeds or 'none'}", highlight=False)
     out.print("[bold]conversation (window)[/]")
     for m in data["transcript"]:
-        line = f"  [{m['step']}] {m['agent']}: {m['text']}"
+        line = f"  [{m['step']}] {shown_name(m['agent'])}: {m['text']}"
         out.print(printable(line, keep_newlines=True), highlight=False, markup=False)
     out.print("[bold]private contexts[/]")
     for agent, ctx in data["contexts"].items():
         out.print(
-            f"  {printable(agent)}: turns={ctx['turns']} observations={len(ctx['observations'])}"
+            f"  {shown_name(agent)}: turns={ctx['turns']} observations={len(ctx['observations'])}"
             + (f" secret={ctx['secret']!r}" if ctx.get("secret") else ""),
             highlight=False,
             markup=False,
@@ -217,7 +217,7 @@ def _turn(data: dict[str, Any]) -> str:
     if data["acting_agent"] is None:
         return f"no next agent, status {data['status']}"
     return (
-        f"next agent {in_markup(data['acting_agent'])} (round {data['round']}), "
+        f"next agent {in_markup(data['acting_agent'], name=True)} (round {data['round']}), "
         f"status {data['status']}"
     )
 
@@ -226,13 +226,13 @@ def _print_public_state(at: int, data: dict[str, Any]) -> None:
     out.print(f"[bold]s_{at}[/] of run {data['run_id']}: {_turn(data)}", highlight=False)
     out.print("[bold]conversation (window)[/]")
     for m in data["transcript"]:
-        line = f"  [{m['step']}] {m['agent']}: {m['text']}"
+        line = f"  [{m['step']}] {shown_name(m['agent'])}: {m['text']}"
         out.print(printable(line, keep_newlines=True), highlight=False, markup=False)
     out.print("[bold]agents[/] (config order; seeds and secrets only with --reveal)")
     for a in data["per_agent"]:
         failed = sum(1 for t in a["tool_usage"] if not t["success"])
         out.print(
-            f"  {printable(a['agent'])}: turns={a['turns']} tool results={len(a['tool_usage'])} "
+            f"  {shown_name(a['agent'])}: turns={a['turns']} tool results={len(a['tool_usage'])} "
             f"failed={failed}",
             highlight=False,
             markup=False,

@@ -15,6 +15,7 @@ from engine.journal import Journal, RunInfo, UnreadableRun
 from engine.policies.base import ChatLine
 from engine.public import PublicRun, public_error, public_state, public_steps, public_view
 from engine.state import State, edit_transcript, next_agent, shown_state
+from engine.terminal import shown_name
 
 
 def fork_step(j: Journal, info: RunInfo) -> int | None:
@@ -155,7 +156,7 @@ def transcript_lines(j: Journal, run_id: str, *, reveal: bool = False) -> list[s
         e = stored.event
         prefix = f"[{e.step}]" if e.step is not None else "   "
         if isinstance(e, ev.ChatMessage):
-            lines.append(f"{prefix} {e.agent}: {e.text}")
+            lines.append(f"{prefix} {shown_name(e.agent)}: {e.text}")
             lines.extend(results)
             results = []
         elif isinstance(e, ev.ToolResult):
@@ -169,10 +170,11 @@ def transcript_lines(j: Journal, run_id: str, *, reveal: bool = False) -> list[s
             if e.none:
                 lines.append("--- secret: no mole")
             else:
-                lines.append(f"--- secret: mole={e.agent} strategy={e.strategy}")
+                lines.append(f"--- secret: mole={shown_name(e.agent)} strategy={e.strategy}")
         elif isinstance(e, ev.SuspicionDeclared):
             lines.append(
-                f"--- accused {e.suspect or '(nobody)'}: {e.verdict}; the mole was {e.mole} "
+                f"--- accused {shown_name(e.suspect) if e.suspect else '(nobody)'}: {e.verdict};"
+                f" the mole was {shown_name(e.mole)} "
                 f"({e.strategy})"
             )
         elif isinstance(e, ev.RunEnded) and e.error:
@@ -196,7 +198,7 @@ def public_lines(view: PublicRun) -> list[str]:
             f"      -> {t.tool}({_clip(t.param, 60)}) = {_clip(shown, 140)}"
         )
     for m in view.messages:
-        text = f"[{m.step}] {m.agent}: {m.text}"
+        text = f"[{m.step}] {shown_name(m.agent)}: {m.text}"
         items.append((m.seq, "\n".join([text, *results.pop(m.step, [])])))
     for iv in view.interventions:
         items.append(
@@ -213,7 +215,8 @@ def public_lines(view: PublicRun) -> list[str]:
     v = view.verdict
     if v is not None:
         lines.append(
-            f"--- accused {v['suspect'] or '(nobody)'}: {v['verdict']}; the mole was {v['mole']} "
+            f"--- accused {shown_name(v['suspect']) if v['suspect'] else '(nobody)'}:"
+            f" {v['verdict']}; the mole was {shown_name(v['mole'])} "
             f"({v['strategy']})"
         )
     return lines

@@ -530,3 +530,46 @@ def test_sessions_refresh_keeps_older_sessions_unfolded(
     )
     assert view, "the focused session scrolled out of view"
     assert not page.errors  # type: ignore[attr-defined]
+
+
+def test_look_alike_names_are_told_apart_on_the_page(browser: Browser, server: Server) -> None:  # noqa: F811
+    """An imported trace whose agents' names differ only by what shows as nothing (zero-width
+    characters, a no-break space, a space at the end, a filler) or spell an escape out: the
+    page's badges, feed and statistics show each name as `car` does in the terminal
+    (`shown_name`), so no two agents look alike; and the page's `nameText` agrees with
+    `shown_name` over 2,000 random names."""
+    import json
+    import random
+    import subprocess
+    import sys
+
+    from otel_helpers import chat_trace
+    from test_names_look_alike import ALPHABET, LOOK_ALIKE
+
+    from engine.terminal import shown_name
+
+    trace = server.journal.parent / "look-alike.json"
+    trace.write_text(chat_trace(LOOK_ALIKE, "note {i}"))
+    res = subprocess.run(
+        [sys.executable, "-m", "cli", "--journal", str(server.journal), "import", str(trace),
+         "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    (run,) = json.loads(res.stdout)
+    page = new_page(browser)
+    page.goto(f"{server.url}/#session={run['run_id']}")
+    page.wait_for_function("() => window.__car.ends > 0", timeout=T)
+    want = sorted(shown_name(n) for n in LOOK_ALIKE)
+    assert len(set(want)) == len(LOOK_ALIKE)
+    badges = page.locator("#badges .badge > span:nth-child(2)").all_inner_texts()
+    assert sorted(badges) == want
+    who = page.locator("#feed .who").all_inner_texts()
+    assert sorted(set(who)) == want
+    page.evaluate("() => renderStats()")  # drawn at the first tool result: this trace has none
+    stats = page.locator("#tool-stats tr td:first-child").all_inner_texts()
+    assert sorted(stats) == want
+    rng = random.Random(5)
+    names = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 8))) for _ in range(2000)]
+    shown = page.evaluate("names => names.map(nameText)", names)
+    assert shown == [shown_name(n) for n in names]
+    assert not page.errors  # type: ignore[attr-defined]

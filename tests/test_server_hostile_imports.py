@@ -38,6 +38,8 @@ from server_helpers import ARTIFACTS, Server, car_serve, sse_events, start, wait
 from test_server_browser import NARROW, WIDE, browser  # noqa: F401 (fixture)
 from test_server_browser import new_page as _new_page
 
+from engine.terminal import shown_name
+
 T = 30_000  # generous Playwright waits (ms)
 
 # ------------------------------------------------------------------ the hostile values
@@ -353,9 +355,10 @@ def test_markup_from_a_trace_is_shown_as_text_and_never_runs(
     browser: Browser,  # noqa: F811
     hostile: Hostile,
 ) -> None:
-    """Every name and text of a trace full of HTML, script, `javascript:` URLs, attribute
-    breakers, terminal escapes and SSE-looking text is shown exactly as the API has it (as
-    text: no element, attribute or link comes of it), while the user opens each tool result,
+    """Every text of a trace full of HTML, script, `javascript:` URLs, attribute breakers,
+    terminal escapes and SSE-looking text is shown exactly as the API has it, and every name
+    as `shown_name` shows it (its controls escaped, decision 66), as text: no element,
+    attribute or link comes of it, while the user opens each tool result,
     marks a suspect and runs the analysis: no injected handler runs, no dialog opens, the page
     throws nothing."""
     server, sid = hostile.server, hostile.runs["markup"]
@@ -374,9 +377,9 @@ def test_markup_from_a_trace_is_shown_as_text_and_never_runs(
         """() => [...document.querySelectorAll('#feed li.msg')].map((li) =>
              [li.querySelector('.who').textContent, li.querySelector('.text').textContent])"""
     )
-    assert shown == [[m["agent"], m["text"]] for m in detail["messages"]]
+    assert shown == [[shown_name(m["agent"]), m["text"]] for m in detail["messages"]]
     names = page.locator(".badge").evaluate_all("(bs) => bs.map((b) => b.children[1].textContent)")
-    assert names == detail["agents"]
+    assert names == [shown_name(a) for a in detail["agents"]]
     results = page.locator("#feed .tool pre").all_text_contents()
     assert results == [t["output"] for t in detail["tool_usage"]]
     made = page.evaluate(

@@ -268,12 +268,16 @@ def fidelity_cmd(
         table.add_column(col)
     for agent, a in report.per_agent.items():
         table.add_row(
-            agent, str(a["steps"]), _pct(a["exact_match_rate"]), _pct(a["action_match_rate"])
+            in_markup(agent, name=True),
+            str(a["steps"]),
+            _pct(a["exact_match_rate"]),
+            _pct(a["action_match_rate"]),
         )
     out.print(table)
     for d in report.divergences[:20]:
         out.print(
-            f"[yellow]step {d['step']} ({d['agent']})[/]: {d['provenance']['explanation']}",
+            f"[yellow]step {d['step']} ({in_markup(d['agent'], name=True)})[/]: "
+            f"{in_markup(d['provenance']['explanation'])}",
             highlight=False,
         )
         out.print(f"    {d['diff']}", highlight=False, markup=False)
@@ -490,7 +494,7 @@ def _print_validation(d: dict[str, Any]) -> None:
         t.add_column(col)
     for c in d["shapley"]:
         t.add_row(
-            in_markup(c["player"]),
+            in_markup(c["player"], name=True),
             f"{c['phi']:.3f}",
             _fmt_ci(c["ci"]),
             f"{c['exact']:.3f}",
@@ -591,7 +595,7 @@ def attribute_cmd(
             mark = " *" if r["step"] == data["locus"] else ""
             t.add_row(
                 f"{r['step']}{mark}",
-                in_markup(r["agent"] or ""),
+                in_markup(r["agent"] or "", name=True),
                 f"{r['effect']:+.3f}",
                 _fmt_ci(r["ci"]),
                 str(r["n"]),
@@ -610,7 +614,7 @@ def attribute_cmd(
         else:
             out.print(
                 f"causal locus (point of commitment): [bold]step {data['locus']}[/] "
-                f"({in_markup(data['locus_agent'])}): ",
+                f"({in_markup(data['locus_agent'], name=True)}): ",
                 end="",
                 highlight=False,
             )
@@ -630,8 +634,8 @@ def attribute_cmd(
         t.add_column("message", no_wrap=True, overflow="ellipsis", max_width=40)
         for r in data["ranked"][:top]:
             t.add_row(
-                in_markup(r["player"]),
-                in_markup(r["agent"] or ""),
+                in_markup(r["player"], name=True),
+                in_markup(r["agent"] or "", name=True),
                 f"{r['phi']:+.3f}",
                 _fmt_ci(r["ci"]),
                 in_markup(_clip(r["message"] or "", 60)),
@@ -715,7 +719,10 @@ def accuse_cmd(
         )
         return
     out.print(f"[bold]{result.verdict}[/]", highlight=False)
-    out.print(f"the mole was {result.mole} (strategy {result.strategy})", highlight=False)
+    out.print(
+        f"the mole was {in_markup(result.mole, name=True)} (strategy {in_markup(result.strategy)})",
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,7 @@ from engine.commands.common import (
 )
 from engine.commands.executor_opts import ExecutorOpt, RayAddressOpt, WorkersOpt, executor_options
 from engine.executors.base import ExecutorOptions
-from engine.terminal import in_markup, printable
+from engine.terminal import in_markup, printable, shown_name
 
 METHOD_HELP = "rules | llm | rules+llm | causal | replay"
 EVAL_JOURNAL = "recordings/detect-eval.db"
@@ -53,7 +53,7 @@ def _print_analysis(d: dict[str, Any]) -> None:
     out.print(
         f"[bold]run {in_markup(d['session_id'])}[/] ({d['method']}): suggested mole "
         # an agent's name is data (an imported trace names its agents): never markup
-        f"[bold]{in_markup(d['suggested_mole'])}[/] (confidence {d['confidence']:.2f}"
+        f"[bold]{in_markup(d['suggested_mole'], name=True)}[/] (confidence {d['confidence']:.2f}"
         f"{calibrated})",
         highlight=False,
     )
@@ -75,7 +75,7 @@ def _print_analysis(d: dict[str, Any]) -> None:
         t.add_column(c, no_wrap=True)
     for agent in d["ranking"]:
         b = d["score_breakdown"][agent]
-        row: list[str | Text] = [Text(printable(agent))]
+        row: list[str | Text] = [Text(shown_name(agent))]
         if signals:
             row += [
                 _f(b["tool_usage"]),

@@ -227,6 +227,8 @@ def _pct(x: float | None) -> str:
 def _print_replay(r: Any) -> None:
     from rich.table import Table
 
+    from engine.terminal import in_markup
+
     out.print(
         f"[bold]fidelity of run {r.run_id}[/] (program, match {r.match}): request-match rate "
         f"[bold]{_pct(r.request_match_rate)}[/] (exact {_pct(r.exact_match_rate)}) over "
@@ -238,7 +240,7 @@ def _print_replay(r: Any) -> None:
         t.add_column(col)
     for agent, a in r.per_agent.items():
         t.add_row(
-            agent,
+            in_markup(agent, name=True),  # a program names its agents: data, never markup
             f"{a['replayed']}/{a['recorded']}",
             _pct(a["exact_match_rate"]),
             _pct(a["request_match_rate"]),
@@ -246,9 +248,14 @@ def _print_replay(r: Any) -> None:
     out.print(t)
     for d in r.divergences[:20]:
         if d["step"] is None:
-            what = f"{d['agent']} call {d['ordinal']}: no recorded counterpart"
+            what = (
+                f"{in_markup(d['agent'], name=True)} call {d['ordinal']}: no recorded counterpart"
+            )
         else:
-            what = f"step {d['step']} ({d['agent']} call {d['ordinal']}): {d['field']} differs"
+            what = (
+                f"step {d['step']} ({in_markup(d['agent'], name=True)} call {d['ordinal']}):"
+                f" {in_markup(d['field'])} differs"
+            )
         out.print(f"[yellow]{what}[/]", highlight=False)
     if r.unrequested:
         out.print(f"recorded calls never requested: steps {', '.join(map(str, r.unrequested))}")

@@ -134,7 +134,7 @@ def import_cmd(
     no program to re-run). Importing a file again (after Ctrl-C, say) skips the traces the
     journal holds and names their runs; `--json` marks them `already_imported`."""
     from engine.otel.importer import import_file
-    from engine.terminal import printable
+    from engine.terminal import shown_name
 
     with open_journal() as j:
         runs = import_file(j, file, again=again)
@@ -151,7 +151,7 @@ def import_cmd(
             )
             continue
         # agent names come from the trace: shown, never obeyed by the terminal
-        agents = ", ".join(printable(a) for a in r.agents)
+        agents = ", ".join(shown_name(a) for a in r.agents)
         out.print(
             f"imported trace {r.trace_id} as run {r.run_id}: {_n(r.steps, 'step')}, "
             f"{_n(r.tool_calls, 'tool call')}, agents {agents} ({r.status})",
@@ -206,10 +206,11 @@ def diff_cmd(
         highlight=False,
     )
     for s in d.steps[: context + 1]:
-        agent = s.a.agent if s.a else s.b.agent if s.b else "?"
-        if s.a and s.b and s.a.agent != s.b.agent:
-            agent = f"{s.a.agent} -> {s.b.agent}"
-        agent = in_markup(agent)  # a name from an imported trace
+        # names from an imported trace: data, never markup or terminal control
+        agent = in_markup(s.a.agent, name=True) if s.a else "?"
+        if s.b and (s.a is None or s.a.agent != s.b.agent):
+            b = in_markup(s.b.agent, name=True)
+            agent = f"{agent} -> {b}" if s.a else b
         if s.status == "same":
             out.print(f"[dim][{s.step}] {agent}: same[/]", highlight=False)
             continue

@@ -53,6 +53,26 @@ function el(tag, props, ...children) {
 
 function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
 
+// A name (an agent's, the mole's, a suspect's) as the page shows it, told apart from every
+// other name: what shows as nothing or as a blank (controls, zero-width and format characters,
+// bidi marks, spaces other than U+0020, fillers, variation selectors), a space at either end
+// and a backslash as a visible escape, so that no escape can be forged (engine/terminal.py does
+// the same for the terminal).
+const UNSEEN = /[\p{Cc}\p{Cf}\p{Zs}\p{Zl}\p{Zp}\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5\u180b-\u180d\u180f\ufe00-\ufe0f\u{e0100}-\u{e01ef}]/u;
+function nameText(name) {
+  const out = [];
+  for (const ch of String(name ?? "")) {
+    const o = ch.codePointAt(0);
+    if (ch === "\\" || (ch !== " " && UNSEEN.test(ch))) {
+      out.push(o < 0x100 ? `\\x${o.toString(16).padStart(2, "0")}`
+        : o < 0x10000 ? `\\u${o.toString(16).padStart(4, "0")}` : `\\U${o.toString(16).padStart(8, "0")}`);
+    } else out.push(ch);
+  }
+  if (out[0] === " ") out[0] = "\\x20";
+  if (out.length > 1 && out[out.length - 1] === " ") out[out.length - 1] = "\\x20";
+  return out.join("");
+}
+
 function colorOf(agent) {
   const i = S.agents.indexOf(agent);
   if (i >= 0) return PALETTE[i % PALETTE.length];
@@ -63,7 +83,7 @@ function colorOf(agent) {
 
 function avatar(agent) {
   return el("span", { class: "avatar", style: `background:${colorOf(agent)}` },
-    String(agent || "?").slice(0, 1).toUpperCase());
+    [...nameText(agent || "?")][0].toUpperCase());
 }
 
 let toastTimer = null;
@@ -579,7 +599,7 @@ function stepItem(e) {
   const tools = el("div", { class: "tools" });
   li = el("li", { dataset: { step: e.step, agent: e.agent } },
     avatar(e.agent),
-    el("div", {}, el("span", { class: "who" }, e.agent), el("span", { class: "step" }, `step ${e.step}`), text, tools));
+    el("div", {}, el("span", { class: "who" }, nameText(e.agent)), el("span", { class: "step" }, `step ${e.step}`), text, tools));
   li._text = text; li._tools = tools;
   S.stepsEl.set(e.step, li);
   $("feed").append(li);
@@ -672,7 +692,7 @@ function renderBadges() {
     S.badgeKey = key;
     for (const a of S.agents) {
       const b = el("button", { type: "button", class: "badge", dataset: { agent: a }, onclick: () => toggleSuspect(a) },
-        avatar(a), el("span", {}, a), el("span", { class: "tools" }));
+        avatar(a), el("span", {}, nameText(a)), el("span", { class: "tools" }));
       b._tools = b.lastChild;
       box.append(b);
     }
@@ -692,7 +712,7 @@ function renderBadges() {
 function toggleSuspect(a) {
   if (S.verdict) return;
   S.suspect = S.suspect === a ? null : a;
-  $("suspect-line").textContent = S.suspect ? `Your suspect: ${S.suspect}` : "No suspect marked yet (revealing now gives up: BUSTED).";
+  $("suspect-line").textContent = S.suspect ? `Your suspect: ${nameText(S.suspect)}` : "No suspect marked yet (revealing now gives up: BUSTED).";
   renderBadges();
 }
 
@@ -704,7 +724,7 @@ function renderStats() {
   for (const a of S.agents) {
     const s = st[a] || { calls: 0, ok: 0, failed: 0 };
     body.append(el("tr", { dataset: { agent: a } },
-      el("td", {}, el("span", { style: `color:${colorOf(a)};font-weight:650` }, a)),
+      el("td", {}, el("span", { style: `color:${colorOf(a)};font-weight:650` }, nameText(a))),
       el("td", {}, s.calls), el("td", {}, s.ok), el("td", {}, s.failed),
       el("td", {}, s.calls ? fmtPct(s.ok / s.calls) : "–")));
   }
@@ -779,7 +799,7 @@ function renderAnalysis(a) {
   for (const ag of agents) {
     const v = scores[ag] || 0;
     bars.append(el("div", { class: "bar-row" + (ag === a.suggested_mole ? " top" : ""), dataset: { agent: ag } },
-      el("span", {}, ag),
+      el("span", {}, nameText(ag)),
       el("span", { class: "track" }, el("span", { class: "fill", style: `display:block;width:${(100 * v) / max}%` })),
       el("span", { class: "num" }, fmt3(v))));
   }
@@ -793,7 +813,7 @@ function renderAnalysis(a) {
     for (const ag of agents) {
       const row = sb[ag] || {};
       const best = Math.max(...cols.map(([k]) => row[k] || 0));
-      tb.append(el("tr", {}, el("td", {}, ag),
+      tb.append(el("tr", {}, el("td", {}, nameText(ag)),
         cols.map(([k]) => el("td", { class: row[k] === best && best > 0 ? "hot" : null }, fmt3(row[k])))));
     }
     table.append(tb);
@@ -802,12 +822,12 @@ function renderAnalysis(a) {
   const hint = $("hint");
   // the blog's rule: a hint only when the detector is more than 60% sure
   if (typeof a.confidence === "number" && a.confidence > 0.6 && a.suggested_mole) {
-    hint.textContent = `The AI is ${Math.round(a.confidence * 100)}% confident that ${a.suggested_mole} is the mole.`;
+    hint.textContent = `The AI is ${Math.round(a.confidence * 100)}% confident that ${nameText(a.suggested_mole)} is the mole.`;
     hint.hidden = false;
   } else {
     hint.hidden = true;
   }
-  const notes = [`suggested ${a.suggested_mole ?? "nobody"} · confidence ${fmtPct(a.confidence)}`];
+  const notes = [`suggested ${a.suggested_mole ? nameText(a.suggested_mole) : "nobody"} · confidence ${fmtPct(a.confidence)}`];
   if (Array.isArray(a.methods_run)) notes.push(`methods: ${a.methods_run.join(", ")}`);
   box.append(el("p", { class: "note", id: "analysis-summary" }, notes.join(" · ")));
   for (const w of a.warnings || []) box.append(el("p", { class: "note" }, `⚠ ${w}`));
@@ -834,10 +854,10 @@ function renderVerdict(v) {
   box.append(el("div", { class: `verdict ${v.verdict}`, id: "verdict" },
     el("div", { class: "big" }, v.verdict),
     el("p", {}, says[v.verdict] || ""),
-    el("p", {}, "The mole was ", el("strong", { id: "mole-name" }, v.mole), "."),
+    el("p", {}, "The mole was ", el("strong", { id: "mole-name" }, nameText(v.mole)), "."),
     el("p", {}, "Strategy: ", el("strong", { id: "mole-strategy" }, v.strategy)),
-    v.suspect ? el("p", { class: "muted small" }, `your suspect: ${v.suspect}`) : null));
-  $("suspect-line").textContent = v.suspect ? `You accused ${v.suspect}.` : "You named nobody.";
+    v.suspect ? el("p", { class: "muted small" }, `your suspect: ${nameText(v.suspect)}`) : null));
+  $("suspect-line").textContent = v.suspect ? `You accused ${nameText(v.suspect)}.` : "You named nobody.";
   $("btn-reveal").disabled = true;
   renderBadges();
 }
@@ -906,7 +926,7 @@ async function showDiff(branch) {
     d.first_diverging_step === null ? "no message differs." : `first diverging step ${d.first_diverging_step} (${plural(d.differing_steps, "step differs", "steps differ")}).`,
     " ", el("button", { type: "button", class: "btn small", onclick: () => openSession(d.session_id) }, "open branch")));
   for (const s of d.steps.slice(0, 8)) {
-    const p = el("div", { class: "step" }, el("div", { class: "muted small" }, `step ${s.step} · ${s.agent}`));
+    const p = el("div", { class: "step" }, el("div", { class: "muted small" }, `step ${s.step} · ${nameText(s.agent)}`));
     const line = el("div");
     for (const seg of s.diff) {
       const tag = seg.op === "delete" ? "del" : seg.op === "insert" ? "ins" : "span";
@@ -942,7 +962,7 @@ function renderAttribution(d) {
   for (const x of rows) {
     const ciLo = Math.min(Math.abs(x.ci[0]), Math.abs(x.ci[1])), ciHi = Math.max(Math.abs(x.ci[0]), Math.abs(x.ci[1]));
     chart.append(el("div", { class: "attr-row" + (x.step === d.locus ? " locus" : ""), dataset: { step: x.step }, title: x.message || "" },
-      el("span", {}, `step ${x.step}`), el("span", { style: `color:${colorOf(x.agent)}` }, x.agent || ""),
+      el("span", {}, `step ${x.step}`), el("span", { style: `color:${colorOf(x.agent)}` }, nameText(x.agent || "")),
       el("span", { class: "track" },
         el("span", { class: "fill", style: `width:${(100 * Math.abs(x.effect)) / max}%` }),
         el("span", { class: "ci", style: `left:${(100 * ciLo) / max}%;width:${Math.max(0.5, (100 * (ciHi - ciLo)) / max)}%` })),
@@ -951,7 +971,7 @@ function renderAttribution(d) {
   box.append(chart);
   box.append(el("p", { class: "note" }, d.locus === null || d.locus === undefined
     ? `No step's interval excludes zero. ${plural(d.forward_runs, "forward run")}.`
-    : `Causal locus (point of commitment): step ${d.locus} (${d.locus_agent}). ${plural(d.forward_runs, "forward run")}. Bars: |effect| with its 95% interval.`));
+    : `Causal locus (point of commitment): step ${d.locus} (${nameText(d.locus_agent)}). ${plural(d.forward_runs, "forward run")}. Bars: |effect| with its 95% interval.`));
   if (d.locus_settled === false) box.append(el("p", { class: "note unsettled" }, unsettledText(d)));
 }
 
