@@ -105,3 +105,15 @@ def chat_trace(agents: tuple[str, ...], line: str = "{agent} says {i}", rounds: 
             }
         )
     return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]})
+
+
+def imported_chat_trace(
+    base: Path, agents: tuple[str, ...], line: str = "note {i} [PLAN:route=A{i}]"
+) -> tuple[Path, str]:
+    """A journal in `base` holding one imported `chat_trace` of `agents`; (journal, run id)."""
+    trace, journal = base / "t.json", base / "j.db"
+    trace.write_text(chat_trace(agents, line))
+    res = car(journal, "import", str(trace), "--json")
+    assert res.returncode == 0, res.stderr
+    (run,) = json.loads(res.stdout)
+    return journal, str(run["run_id"])

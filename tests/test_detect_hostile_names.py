@@ -9,19 +9,14 @@ from pathlib import Path
 
 import pytest
 from journal_helpers import car
-from otel_helpers import chat_trace
+from otel_helpers import imported_chat_trace
 
 NAMES = ("[/]", "[bold]b", "[red]c[/red]")
 
 
 @pytest.fixture
 def imported(tmp_path: Path) -> tuple[Path, str]:
-    journal, trace = tmp_path / "j.db", tmp_path / "t.json"
-    trace.write_text(chat_trace(NAMES, "note {i} [PLAN:route=A{i}]"))
-    res = car(journal, "import", str(trace), "--json")
-    assert res.returncode == 0, res.stderr
-    (run,) = json.loads(res.stdout)
-    return journal, str(run["run_id"])
+    return imported_chat_trace(tmp_path, NAMES)
 
 
 def test_the_suggested_mole_is_printed_as_text(imported: tuple[Path, str]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from journal_helpers import car
-from otel_helpers import chat_trace
+from otel_helpers import imported_chat_trace
 
 from engine.terminal import in_markup, shown_name
 
@@ -97,13 +97,7 @@ def test_look_alike_names_are_shown_apart_and_other_scripts_as_they_are() -> Non
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    base = tmp_path_factory.mktemp("look-alike")
-    trace, journal = base / "t.json", base / "j.db"
-    trace.write_text(chat_trace(LOOK_ALIKE, "note {i} [PLAN:route=A{i}]"))
-    res = car(journal, "import", str(trace), "--json")
-    assert res.returncode == 0, res.stderr
-    (run,) = json.loads(res.stdout)
-    return journal, str(run["run_id"])
+    return imported_chat_trace(tmp_path_factory.mktemp("look-alike"), LOOK_ALIKE)
 
 
 def test_show_tells_every_speaker_apart(imported: tuple[Path, str]) -> None:
