@@ -64,9 +64,11 @@ def attribute(
     all_steps: bool = False,
     rerun: Rerun | None = None,
     progress: Progress | None = None,
+    settle: int = 1,
 ) -> dict[str, Any]:
     """Attribute failed run `run_id` to its steps (or agents), whatever its scenario; plain
-    data for the CLI and the server.
+    data for the CLI and the server. `settle`: contrastive scans at most until the locus is
+    settled (engine/attribution/contrastive.py, `settle_contrastive`).
 
     One forward model (and its workers) serves the whole attribution; with `rerun.reuse` (the
     default) forward runs that an earlier attribution of this run with the same seed already
@@ -92,6 +94,7 @@ def attribute(
             half_width,
             all_steps,
             progress,
+            settle,
         )
         stats = model.executor_stats()
     out["branches_added"] = model.created

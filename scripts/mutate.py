@@ -138,6 +138,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_contrastive.py",
         "tests/test_contrastive_mutants.py",
         "tests/test_locus_settling.py",
+        "tests/test_settle.py",
     ],
     "engine/attribution/shapley.py": [
         "tests/test_pinned_formulas.py",

@@ -440,6 +440,24 @@ def test_attribution_table(client: httpx.Client, finished: str) -> None:
     assert spec["properties"]["half_width"]["exclusiveMaximum"] == 0.5
 
 
+def test_attribution_settles_as_the_cli_does(client: httpx.Client, finished: str) -> None:
+    """`settle` is `car attribute --settle`: every scan reported, the forward runs of all;
+    bounded as the CLI's (1..8) and refused for Shapley."""
+    body = {"k": 8, "seed": 2, "settle": 2}
+    r = client.post(f"/api/sessions/{finished}/attribution", json=body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    scans = data["settle"]["scans"]
+    assert data["settle"]["rounds"] == 2 and 1 <= len(scans) <= 2
+    assert scans[0]["runs_per_step"] == 8 and scans[0]["half_width"] is None
+    assert data["forward_runs"] == sum(s["forward_runs"] for s in scans)
+    for bad in ({"settle": 9}, {"settle": 0}, {"settle": 2, "method": "shapley"}):
+        refused = client.post(f"/api/sessions/{finished}/attribution", json=bad)
+        assert refused.status_code == 422, (bad, refused.text)
+    spec = client.get("/openapi.json").json()["components"]["schemas"]["AttributionRequest"]
+    assert spec["properties"]["settle"]["maximum"] == 8
+
+
 def test_too_many_heists_is_429(tmp_path: Path) -> None:
     """With --max-heists 1 a second heist while one records is refused with 429; once the
     first is stopped a new one may start."""

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any, Union
@@ -406,6 +406,88 @@ def locus_settling(
             return Settling(settled=False, not_excluded=later, half_width=h, runs_per_step=n)
         if n >= max_runs_per_step:  # narrower targets only add looks past the cap
             return Settling(settled=False, not_excluded=later)
+
+
+#: The most scans `settle_contrastive` makes (each at the rounds-th part of the error rate).
+MAX_SETTLE_ROUNDS = 8
+
+
+class SettleScan(msgspec.Struct, frozen=True):
+    """One scan of a settling attribution: its target half-width (adaptive) or runs a step
+    (fixed), the forward runs it spent, its locus and whether that was settled (None: no
+    locus)."""
+
+    half_width: float | None
+    runs_per_step: int | None
+    forward_runs: int
+    locus: int | None
+    settled: bool | None
+
+
+def settle_contrastive(
+    model: ForwardModel,
+    rng_of_scan: Callable[[int], IntegerSource],
+    *,
+    rounds: int,
+    confidence: float = 0.95,
+    mode: str | ContrastiveMode = ContrastiveMode.ADAPTIVE,
+    k: int = 100,
+    target_half_width: float = 0.05,
+    all_steps: bool = False,
+    progress: Progress | None = None,
+) -> tuple[ContrastiveResult, tuple[SettleScan, ...]]:
+    """Scan until the locus is settled against the later steps, `rounds` scans at most; the
+    last scan's result and every scan's summary.
+
+    Every scan runs at confidence 1 - (1 - `confidence`) / `rounds`, so that, by the union
+    bound, the answer reported holds at `confidence` whichever scan it comes from. A later
+    scan draws forward runs of its own (`rng_of_scan(i)`: scan i's seeds, independent of the
+    earlier scans', on which its target was chosen) at the target the scan before suggested
+    (`locus_settling`: a --half-width, or -K in the fixed mode). It stops at a scan whose locus
+    is settled, that has no locus, or whose suggestion is out of reach."""
+    if not 1 <= rounds <= MAX_SETTLE_ROUNDS:
+        raise ConfigError(f"rounds must lie within 1..{MAX_SETTLE_ROUNDS}, got {rounds!r}")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"confidence must lie strictly between 0 and 1, got {confidence!r}")
+    each = 1 - (1 - confidence) / rounds
+    kind = ContrastiveMode.parse(mode)
+    spent = 0
+    scans: list[SettleScan] = []
+
+    def shifted(done: int, total: int | None) -> None:
+        if progress is not None:
+            progress(spent + done, None if total is None else spent + total)
+
+    for i in range(rounds):
+        result = contrastive(
+            model,
+            rng=rng_of_scan(i),
+            mode=kind,
+            k=k,
+            confidence=each,
+            target_half_width=target_half_width,
+            all_steps=all_steps,
+            progress=shifted,
+        )
+        spent += result.forward_runs
+        settling = locus_settling(result)
+        fixed = kind is ContrastiveMode.FIXED
+        scans.append(
+            SettleScan(
+                half_width=None if fixed else target_half_width,
+                runs_per_step=k if fixed else None,
+                forward_runs=result.forward_runs,
+                locus=result.locus,
+                settled=None if settling is None else settling.settled,
+            )
+        )
+        if settling is None or settling.settled or settling.runs_per_step is None:
+            break
+        if fixed:
+            k = settling.runs_per_step
+        elif settling.half_width is not None:
+            target_half_width = settling.half_width
+    return result, tuple(scans)
 
 
 def _rescue_free(

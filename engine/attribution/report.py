@@ -3,14 +3,17 @@ players) with their intervals, in the one shape the CLI prints and `--json` emit
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Protocol
+
+import msgspec
 
 from engine.attribution.base import ForwardModel, PlayersKind, Progress
 from engine.attribution.contrastive import (
     ContrastiveMode,
     Settling,
-    contrastive,
     locus_settling,
+    settle_contrastive,
 )
 from engine.attribution.pcg import SeedStream
 from engine.errors import ConfigError
@@ -35,17 +38,24 @@ def attribution_report(
     half_width: float,
     all_steps: bool,
     progress: Progress | None,
+    settle: int = 1,
 ) -> dict[str, Any]:
     """The attribution of one run as plain data (what the CLI prints and `--json` emits):
-    contrastive effects per step with the locus, or Shapley values per player."""
+    contrastive effects per step with the locus, or Shapley values per player. `settle`:
+    contrastive scans at most until the locus is settled (`settle_contrastive`; 1: one scan
+    at 95%)."""
     if not 0 <= seed < 2**63:
         raise ConfigError(f"seed must lie within 0..{2**63 - 1}, got {seed!r}")
+    if settle != 1 and method != "contrastive":
+        raise ConfigError("settling applies to the contrastive method only")
     out: dict[str, Any] = {"run_id": run_id, "method": method, "seed": seed}
     if method == "contrastive":
-        res = contrastive(
+        res, scans = settle_contrastive(
             model,
-            # np.random.default_rng(seed)'s draws, without importing numpy
-            rng=SeedStream(seed),
+            # np.random.default_rng(seed)'s draws, without importing numpy; a later scan's
+            # from a seed of its own
+            lambda i: SeedStream(seed if i == 0 else scan_seed(seed, i)),
+            rounds=settle,
             mode=ContrastiveMode.FIXED if k is not None else ContrastiveMode.ADAPTIVE,
             k=k or 100,
             target_half_width=half_width,
@@ -73,7 +83,8 @@ def attribution_report(
                 "locus_agent": None if data["locus"] is None else model.step_agents[data["locus"]],
                 "locus_message": None if data["locus"] is None else model.message(data["locus"]),
                 "ranked": rows,
-                "forward_runs": data["forward_runs"],
+                # every scan's, when settling made more than one
+                "forward_runs": sum(s.forward_runs for s in scans),
                 "all_steps": data["all_steps"],
                 "first_estimated": min((s["step"] for s in data["steps"]), default=None),
                 # whether every later step's interval excludes an effect as strong as the
@@ -85,6 +96,13 @@ def attribution_report(
                 "detail": data,
             }
         )
+        if settle > 1:
+            out["settle"] = {
+                "rounds": settle,
+                "confidence": 0.95,
+                "confidence_each": data["confidence"],
+                "scans": [msgspec.to_builtins(s) for s in scans],
+            }
         return out
     import numpy as np
 
@@ -119,6 +137,13 @@ def attribution_report(
         }
     )
     return out
+
+
+def scan_seed(seed: int, scan: int) -> int:
+    """The forward-run seed of a settling attribution's scan `scan` >= 1 (scan 0 draws from
+    `seed` itself): 63 bits of a hash, a stream of its own."""
+    h = hashlib.blake2b(f"settle:{seed}:{scan}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") >> 1
 
 
 def _to_settle(settling: Settling | None) -> dict[str, Any] | None:

@@ -37,6 +37,9 @@ MAX_SEED = 2**63 - 1
 #: --branches/-n of fork at most: each branch is a journaled run (its spec is made up front),
 #: and the bound of --runs is already far past any useful precision.
 MAX_BRANCHES = MAX_RUNS
+#: --settle of attribute at most (engine.attribution.contrastive.MAX_SETTLE_ROUNDS; not
+#: imported here: the command line loads only the command that runs)
+MAX_SETTLE = 8
 
 ConcurrencyOpt = Annotated[
     int, typer.Option("--concurrency", "-c", min=1, help="Branches (or steps) run at once.")
@@ -524,6 +527,17 @@ def attribute_cmd(
         typer.Option("--half-width", help="contrastive adaptive: target CI half-width (0-0.5)."),
     ] = 0.1,
     all_steps: AllStepsOpt = False,
+    settle: Annotated[
+        int,
+        typer.Option(
+            "--settle",
+            min=1,
+            max=MAX_SETTLE,
+            help="contrastive: scan up to N times until the locus is settled against the later "
+            "steps; each scan at 1/N of the error rate (95% in all), a later one with forward "
+            "runs of its own at the --half-width (or -K) the one before suggested. 1: one scan.",
+        ),
+    ] = 1,
     seed: EstimateSeedOpt = 0,
     concurrency: ConcurrencyOpt = 1,
     top: Annotated[int, typer.Option("--top", "-n", min=1, help="Rows of the ranked table.")] = 12,
@@ -549,6 +563,8 @@ def attribute_cmd(
     _choice(players, PLAYERS, "--players")
     if method == "contrastive" and players != "steps":
         raise typer.BadParameter("applies to --method shapley only", param_hint="'--players'")
+    if method != "contrastive" and settle != 1:
+        raise typer.BadParameter("applies to --method contrastive only", param_hint="'--settle'")
     if not (math.isfinite(half_width) and 0 < half_width < 0.5):
         raise typer.BadParameter(
             f"must lie strictly between 0 and 0.5, got {half_width}", param_hint="'--half-width'"
@@ -575,6 +591,7 @@ def attribute_cmd(
             seed=seed,
             half_width=half_width,
             all_steps=all_steps,
+            settle=settle,
             rerun=Rerun(
                 concurrency,
                 {"base_url": base_url} if base_url else None,
@@ -621,6 +638,8 @@ def attribute_cmd(
             out.print(printable(_clip(data["locus_message"], 100)), highlight=False, markup=False)
             if data.get("locus_settled") is False:
                 out.print(_unsettled_line(data), highlight=False)
+        if data.get("settle"):
+            out.print(_settle_line(data["settle"]), highlight=False)
         first = data.get("first_estimated")
         if not data.get("all_steps") and first:
             out.print(
@@ -670,6 +689,29 @@ def _unsettled_line(data: dict[str, Any]) -> str:
         return line + "; no budget within reach settles it"
     flag = f"--half-width {fix['half_width']:g}" if "half_width" in fix else f"-K {fix['runs']}"
     return line + f"; {flag} would settle it (~{fix['runs_per_step']} forward runs a step)"
+
+
+def _settle_line(settle: dict[str, Any]) -> str:
+    """What settling did: the scans made, at what level each, and how the last one ended."""
+    scans = settle["scans"]
+    last = scans[-1]
+    each = f"each at {100 * settle['confidence_each']:.4g}%, {100 * settle['confidence']:g}% in all"
+    runs = sum(s["forward_runs"] for s in scans)
+    made = f"{len(scans)} scan{'s' if len(scans) > 1 else ''} of at most {settle['rounds']}"
+    widths = ", ".join(
+        f"--half-width {s['half_width']:g}" if s["half_width"] is not None
+        else f"-K {s['runs_per_step']}"
+        for s in scans
+    )  # fmt: skip
+    if last["settled"]:
+        how = "[green]settled[/]"
+    elif last["locus"] is None:
+        how = "no locus"
+    elif len(scans) < settle["rounds"]:
+        how = "[yellow]not settled[/], no budget within reach settles it"
+    else:
+        how = "[yellow]not settled[/]"
+    return f"settling: {how} after {made} ({widths}; {each}; {runs} forward runs)"
 
 
 def _spans(steps: list[int]) -> str:

@@ -301,6 +301,8 @@ class AttributionRequest(_Body):
     half_width: float = Field(default=0.1, gt=0.0, lt=0.5, allow_inf_nan=False)
     # like `car attribute --all-steps`: by default the scan stops at the point of commitment
     all_steps: bool = False
+    # like `car attribute --settle N`: contrastive scans at most until the locus is settled
+    settle: int = Field(default=1, ge=1, le=8)
 
 
 # ------------------------------------------------------------------ app
@@ -732,6 +734,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 seed=body.seed,
                 half_width=body.half_width,
                 all_steps=body.all_steps,
+                settle=body.settle,
                 rerun=Rerun(body.concurrency, executor=THREADS_ONLY),
             )
         except (ConfigError, InterventionError) as e:
