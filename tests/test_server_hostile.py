@@ -76,10 +76,14 @@ def post_raw(client: httpx.Client, path: str, text: str) -> httpx.Response:
 
 
 def children_of(pid: int) -> set[int]:
-    """The child processes of `pid`, from the kernel (every thread's list)."""
+    """The child processes of `pid`, from the kernel (every thread's list; a thread that ended
+    between the listing and the read has no children left to list)."""
     kids: set[int] = set()
     for f in Path(f"/proc/{pid}/task").glob("*/children"):
-        kids |= {int(p) for p in f.read_text().split()}
+        try:
+            kids |= {int(p) for p in f.read_text().split()}
+        except FileNotFoundError:
+            continue
     return kids
 
 
