@@ -21,6 +21,7 @@ from engine.attribution import ForwardRequest
 from engine.attribution.contrastive import (
     MAX_SETTLE_ROUNDS,
     ContrastiveMode,
+    Settling,
     contrastive,
     locus_settling,
     settle_contrastive,
@@ -181,3 +182,65 @@ def test_cli_refuses_what_settling_cannot_do(
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_progress_counts_every_scan_on_from_the_last() -> None:
+    """Progress rises over the scans as one count: in the fixed mode with every step, each
+    scan's total is what came before plus its own; the last report is all forward runs."""
+    calls: list[tuple[int, int | None]] = []
+    model = Weak()
+    res, scans = settle_contrastive(
+        model, streams(2), rounds=3, mode="fixed", k=40, all_steps=True,
+        progress=lambda done, total: calls.append((done, total)),
+    )  # fmt: skip
+    assert len(scans) == 3 and len(res.steps) == 6
+    spent = sum(s.forward_runs for s in scans)
+    assert calls[-1] == (spent, spent) == (len(model.seeds), len(model.seeds))
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
+    before = 0
+    for scan in scans:
+        assert (before + scan.forward_runs, before + 6 * scan.runs_per_step) in calls  # type: ignore[operator]
+        before += scan.forward_runs
+    calls.clear()
+    settle_contrastive(Weak(), streams(1), rounds=2, target_half_width=0.1,
+                       progress=lambda done, total: calls.append((done, total)))  # fmt: skip
+    assert calls and all(total is None for _, total in calls)
+
+
+def test_defaults_are_the_scans_own() -> None:
+    """Without a target, -K or a level, a settling attribution of one scan is `contrastive`'s
+    own default scan, adaptive and fixed (k 100); every step with `all_steps`."""
+    for mode in ("adaptive", "fixed"):
+        res, _ = settle_contrastive(Weak(), streams(2), rounds=1, mode=mode)
+        assert res == contrastive(Weak(), rng=SeedStream(2), mode=mode)
+    res, _ = settle_contrastive(Weak(), streams(2), rounds=1, mode="fixed", all_steps=True)
+    assert [s.n for s in res.steps] == [100] * 6
+
+
+def test_levels_and_round_counts_at_their_bounds() -> None:
+    """A level out of (0, 1) is refused; another level is split as 0.95 is; N = 8 is taken."""
+    for confidence in (0.0, 1.0, 1.5):
+        with pytest.raises(ConfigError, match="confidence must lie strictly between 0 and 1"):
+            settle_contrastive(Weak(), streams(0), rounds=2, confidence=confidence)
+    res, _ = settle_contrastive(Weak(), streams(0), rounds=4, confidence=0.9,
+                                target_half_width=0.1)  # fmt: skip
+    assert math.isclose(res.confidence, 1 - 0.1 / 4)
+    res, _ = settle_contrastive(Weak(), streams(0), rounds=MAX_SETTLE_ROUNDS,
+                                target_half_width=0.1)  # fmt: skip
+    assert math.isclose(res.confidence, 1 - 0.05 / MAX_SETTLE_ROUNDS)
+
+
+def test_a_suggestion_out_of_reach_ends_the_scans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unsettled locus with no budget within reach (the suggestion is None): no further
+    scan, whatever N allows."""
+    import importlib
+
+    module = importlib.import_module("engine.attribution.contrastive")
+    monkeypatch.setattr(
+        module, "locus_settling",
+        lambda result: Settling(settled=False, not_excluded=(4,)),
+    )  # fmt: skip
+    for mode in ("adaptive", "fixed"):
+        model = Weak()
+        _, scans = settle_contrastive(model, streams(0), rounds=4, mode=mode, k=40)
+        assert len(scans) == 1 and scans[0].settled is False
