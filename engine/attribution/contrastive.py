@@ -40,7 +40,13 @@ Repeated looks are paid for with a Bonferroni split of alpha = 1 - confidence ov
 schedule (5% / 15% / 80% of alpha for the quick, settle and refine looks). The look sizes are
 fixed before any data is seen, so by the union bound all looks of a step cover the truth
 simultaneously with probability >= confidence, whichever look the data stops at; the reported
-interval keeps the nominal coverage despite the optional stopping.
+interval keeps the nominal coverage despite the optional stopping. A look that cannot stop a
+step at any count of bad runs (`blind_looks`: at the defaults, the quick look) gets its runs
+in one batch with the next look's: the same runs and answer, one wait for the workers fewer.
+
+Settling (`settle_contrastive`, `car attribute --settle N`): up to N scans until the locus is
+settled against the later steps (`locus_settling`), each at 1/N of the error rate, a later
+scan on forward runs of its own at the target the one before suggested.
 
 Common random numbers: run i of every step uses the same branch seed, so under the
 ForwardModel's (branch_seed, j) contract the runs of different steps share the random numbers
