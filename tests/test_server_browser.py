@@ -219,8 +219,22 @@ def test_finished_run_branches_attribution_and_text_only(browser: Browser, serve
     note = page.inner_text("#attribution .unsettled")
     assert "step 3 rescued no run" in note and "step 2's (-0.020)" in note
     assert "half-width of 0.0098" in note and "358 forward runs" in note
+    # ... and offers to settle it: `car attribute --settle 3` through the API, whose real
+    # answer (of this heist) then says how settling ended
+    sent: list[Any] = []
+    page.on(
+        "request",
+        lambda r: sent.append(r.post_data_json) if r.url.endswith("/attribution") else None,
+    )
+    page.click("#btn-settle")
+    page.wait_for_selector("#settle-line", timeout=240_000)
+    assert sent == [{"method": "contrastive", "settle": 3, "seed": 0}]
+    line = page.inner_text("#settle-line")
+    assert "of at most 3 (each at 98.33%, 95% in all;" in line and "forward run" in line
+    assert page.locator("#btn-settle").count() == 0  # a settling answer is not offered again
     page.evaluate("d => renderAttribution(d)", {**weak, "locus_settled": True, "not_excluded": []})
     assert page.locator("#attribution .unsettled").count() == 0
+    assert page.locator("#btn-settle").count() == 0  # nothing to settle
 
     # the blog's hint rule, on the page's own renderer: shown above 0.6 confidence only
     for confidence, shown in ((0.6, False), (0.61, True), (0.95, True), (0.2, False)):

@@ -937,13 +937,16 @@ async function showDiff(branch) {
   }
 }
 
-async function attribute() {
+// `extra`: more of the request (the settle button's `settle` and `seed`); a click passes
+// its event, which asks for nothing more
+async function attribute(extra) {
   const btn = $("btn-attribute");
   if (S.attributing || S.unknown) return;
   S.attributing = true; syncButtons();
   btn.textContent = "Running forward runs…";
   const sid = S.sid, gen = S.gen;
-  const r = await api("POST", `/api/sessions/${encodeURIComponent(sid)}/attribution`, { method: "contrastive" });
+  const more = extra instanceof Event ? {} : extra || {};
+  const r = await api("POST", `/api/sessions/${encodeURIComponent(sid)}/attribution`, { method: "contrastive", ...more });
   S.attributing = false; syncButtons();
   btn.textContent = "Attribute failure";
   if (S.gen !== gen) return;
@@ -973,6 +976,22 @@ function renderAttribution(d) {
     ? `No step's interval excludes zero. ${plural(d.forward_runs, "forward run")}.`
     : `Causal locus (point of commitment): step ${d.locus} (${nameText(d.locus_agent)}). ${plural(d.forward_runs, "forward run")}. Bars: |effect| with its 95% interval.`));
   if (d.locus_settled === false) box.append(el("p", { class: "note unsettled" }, unsettledText(d)));
+  // what `car attribute --settle 3` does: scans until the later steps settle the locus
+  if (d.locus_settled === false && d.to_settle && !d.settle) {
+    box.append(el("button", { type: "button", class: "btn small", id: "btn-settle",
+      title: "Up to 3 scans, each at a third of the 5% error rate, a later one with forward runs of its own at the width the one before suggested",
+      onclick: () => attribute({ settle: 3, seed: d.seed ?? 0 }) }, "Settle it (up to 3 scans)"));
+  }
+  if (d.settle) box.append(el("p", { class: "note", id: "settle-line" }, settleText(d.settle)));
+}
+
+// What settling did: the scans made, the level of each, and how the last one ended.
+function settleText(st) {
+  const scans = st.scans || [];
+  const last = scans[scans.length - 1] || {};
+  const how = last.settled ? "Settled" : last.locus === null || last.locus === undefined ? "No locus" : "Not settled";
+  const runs = scans.reduce((n, x) => n + x.forward_runs, 0);
+  return `${how} after ${plural(scans.length, "scan")} of at most ${st.rounds} (each at ${+(100 * st.confidence_each).toPrecision(4)}%, ${100 * st.confidence}% in all; ${plural(runs, "forward run")}).`;
 }
 
 // Why a locus is not settled: later steps rescued no run, but their intervals still admit an
