@@ -24,8 +24,7 @@ _CONTROL_ALL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\
 
 
 def _escape(m: re.Match[str]) -> str:
-    ch = m.group()
-    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+    return _code(m.group())
 
 
 def printable(text: str, *, keep_newlines: bool = False) -> str:
